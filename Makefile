@@ -1,0 +1,38 @@
+# The two commands a new user runs (see README.md):
+#   make demo   corpus extraction on the bundled demo (embedded Redis, stand-in models)
+#   make test   ruff, mypy and the whole test suite
+# Both create .venv and install what they need on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.voxmill-installed
+DEMO_DIR ?= demo
+
+.PHONY: demo test test-fast lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/voxmill demo --dir $(DEMO_DIR)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+# Skips the slow fault and soak tests (CI runs them all).
+test-fast: lint
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,57 @@
+"""Every error voxmill reports, under one root that carries a stable code.
+
+Codes are part of the contract (DESIGN.md): add new ones, never rename.
+"""
+
+from __future__ import annotations
+
+NOT_FOUND = "not_found"
+FORBIDDEN_PATH = "forbidden_path"
+UNREADABLE = "unreadable"
+EMPTY = "empty"
+TOO_SHORT = "too_short"
+TOO_LONG = "too_long"
+TOO_LARGE = "too_large"
+NON_FINITE = "non_finite"
+UNSUPPORTED_RATE = "unsupported_rate"
+MODEL_ERROR = "model_error"
+# Extensions beyond the design's first list.
+BAD_REQUEST = "bad_request"
+OUTPUT_ERROR = "output_error"
+INTERNAL = "internal"
+
+CODES: tuple[str, ...] = (
+    NOT_FOUND,
+    FORBIDDEN_PATH,
+    UNREADABLE,
+    EMPTY,
+    TOO_SHORT,
+    TOO_LONG,
+    TOO_LARGE,
+    NON_FINITE,
+    UNSUPPORTED_RATE,
+    MODEL_ERROR,
+    BAD_REQUEST,
+    OUTPUT_ERROR,
+    INTERNAL,
+)
+
+
+class VoxmillError(Exception):
+    """A failure with a stable `code` and a message a person understands."""
+
+    def __init__(self, code: str, message: str) -> None:
+        if code not in CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    def to_dict(self) -> dict[str, str]:
+        """The wire form: `{"code", "message"}`."""
+        return {"code": self.code, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, str]) -> VoxmillError:
+        """Inverse of `to_dict`."""
+        return cls(data["code"], data["message"])

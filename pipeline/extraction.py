@@ -1,0 +1,168 @@
+"""Tokens and embeddings from a 16 kHz wave and a warm session, exactly as CosyVoice computes them.
+
+- `tokenize`: whisper log-mel (128) -> `[feats [1,128,T], feats_length [1]]` -> tokens. Clips over
+  30 s are tokenized in 30 s windows every 26 s (4 s overlap) over one log-mel of the whole
+  clip, dropping half of each overlap on both inner sides (s3tokenizer's merge).
+- `embed`: Kaldi fbank (80) minus its mean over time -> `[1, T, 80]` -> 192 floats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline import errors
+from pipeline.audio import Audio, load_audio
+from pipeline.errors import VoxmillError
+from pipeline.features import kaldi_fbank, mean_normalized, whisper_log_mel
+from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES_BY_OP, TaskResult
+from pipeline.registry import Registry
+from pipeline.sessions import ModelSession, SessionOptions
+from pipeline.settings import AudioLimits
+
+WINDOW_FRAMES = 3000  # 30 s of 10 ms frames
+STRIDE_FRAMES = 2600  # 26 s: windows overlap by 4 s
+OVERLAP_S = 4
+WARMUP_SECONDS = 3.0
+FloatArray = npt.NDArray[np.float32]
+
+
+def window_starts(n_frames: int) -> list[int]:
+    """Start frames of the 30 s windows covering `n_frames`; one window when it fits."""
+    starts = [0]
+    while starts[-1] + WINDOW_FRAMES < n_frames:
+        starts.append(starts[-1] + STRIDE_FRAMES)
+    return starts
+
+
+def merge_windows(windows: list[list[int]], token_rate_hz: int) -> list[int]:
+    """s3tokenizer's merge: drop half of the overlap's tokens on each inner side of every window."""
+    half = (OVERLAP_S // 2) * token_rate_hz
+    merged: list[int] = []
+    for index, tokens in enumerate(windows):
+        left = 0 if index == 0 else half
+        right = len(tokens) if index == len(windows) - 1 else len(tokens) - half
+        merged.extend(tokens[left:right])
+    return merged
+
+
+def tokenizer_inputs(log_mel: FloatArray) -> list[npt.NDArray[Any]]:
+    """Session inputs for one log-mel window [128, T]: feats [1,128,T] float32, feats_length [1] int32."""
+    return [log_mel[np.newaxis, :, :], np.array([log_mel.shape[1]], dtype=np.int32)]
+
+
+def embedder_inputs(wave: FloatArray) -> list[npt.NDArray[Any]]:
+    """Session inputs for one wave: mean-normalised fbank [1, T, 80] float32."""
+    return [mean_normalized(kaldi_fbank(wave))[np.newaxis, :, :]]
+
+
+def tokenize(session: ModelSession, wave: FloatArray) -> list[int]:
+    """Speech tokens of a 16 kHz float32 wave (any length; windows beyond 30 s)."""
+    log_mel = np.ascontiguousarray(whisper_log_mel(wave, n_mels=128))
+    n_frames = log_mel.shape[1]
+    windows = []
+    for start in window_starts(n_frames):
+        window = np.ascontiguousarray(log_mel[:, start : start + WINDOW_FRAMES])
+        windows.append(session.run(tokenizer_inputs(window))[0].flatten().tolist())
+    if len(windows) == 1:
+        return [int(t) for t in windows[0]]
+    return [int(t) for t in merge_windows(windows, session.token_rate_hz)]
+
+
+def embed(session: ModelSession, wave: FloatArray) -> FloatArray:
+    """Speaker embedding of a 16 kHz float32 wave: float32 [192]."""
+    output = session.run(embedder_inputs(wave))[0]
+    return np.asarray(output, dtype=np.float32).flatten()
+
+
+def warmup_wave(seconds: float = WARMUP_SECONDS) -> FloatArray:
+    """A fixed, speech-like clip (harmonics with a wandering pitch plus noise) for warm-up."""
+    rng = np.random.default_rng(7)
+    t = np.arange(int(seconds * 16000)) / 16000.0
+    f0 = 140.0 + 40.0 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / 16000.0
+    wave = sum(np.sin(k * phase) / k for k in range(1, 12)) * 0.2 + rng.normal(0, 0.01, len(t))
+    return np.asarray(wave, dtype=np.float32)
+
+
+def warm_up(session: ModelSession, runs: int) -> float:
+    """Run the role's warm-up clip through `session`; returns the warm latency (ms)."""
+    wave = warmup_wave()
+    if session.role == ROLE_TOKENIZER:
+        inputs = tokenizer_inputs(whisper_log_mel(wave))
+    else:
+        inputs = embedder_inputs(wave)
+    return session.warm_up(inputs, runs)
+
+
+def open_session(
+    path: Path,
+    role: str,
+    options: SessionOptions,
+    registry: Registry,
+    expected_sha256: str | None = None,
+) -> ModelSession:
+    """Load and warm up a model: what every worker, extractor and validator calls."""
+    session = ModelSession.load(path, role, options, registry, expected_sha256)
+    warm_up(session, options.warmup_runs)
+    return session
+
+
+@dataclass
+class Timings:
+    """Milliseconds spent per stage of one request."""
+
+    stages: dict[str, float] = field(default_factory=dict)
+
+    def add(self, stage: str, started: float) -> float:
+        now = time.perf_counter()
+        self.stages[stage] = round(self.stages.get(stage, 0.0) + (now - started) * 1000.0, 3)
+        return now
+
+
+def run_op(op: str, audio: Audio, sessions: Mapping[str, ModelSession], timings: Timings) -> dict[str, Any]:
+    """Tokens and/or embedding of decoded audio for `op`; the result fields of `TaskResult`."""
+    fields: dict[str, Any] = {}
+    started = time.perf_counter()
+    if ROLE_TOKENIZER in ROLES_BY_OP[op]:
+        fields["speech_token"] = tokenize(sessions[ROLE_TOKENIZER], audio.samples)
+        started = timings.add("tokenize", started)
+    if ROLE_EMBEDDER in ROLES_BY_OP[op]:
+        fields["embedding"] = embed(sessions[ROLE_EMBEDDER], audio.samples).tolist()
+        timings.add("embed", started)
+    return fields
+
+
+def process(
+    label: str,
+    source: str | Path | bytes,
+    op: str,
+    sessions: Mapping[str, ModelSession],
+    limits: AudioLimits,
+) -> TaskResult:
+    """Decode `source` and run `op`; never raises for bad input: errors come back as data."""
+    models = {role: sessions[role].ref.to_dict() for role in ROLES_BY_OP.get(op, ()) if role in sessions}
+    timings = Timings()
+    try:
+        if op not in ROLES_BY_OP:
+            raise VoxmillError(errors.BAD_REQUEST, f"unknown op {op!r}; use tokenize, embed or extract")
+        started = time.perf_counter()
+        audio = load_audio(source, limits)
+        timings.add("decode", started)
+        fields = run_op(op, audio, sessions, timings)
+    except VoxmillError as exc:
+        return TaskResult(input=label, op=op, models=models, error=exc.to_dict(), timings_ms=timings.stages)
+    return TaskResult(
+        input=label,
+        op=op,
+        audio_seconds=round(audio.duration_s, 4),
+        models=models,
+        timings_ms=timings.stages,
+        **fields,
+    )

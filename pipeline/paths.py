@@ -1,0 +1,40 @@
+"""Confine path jobs to the allowed roots.
+
+A path is judged by where it really points: relative parts are taken against `base`, then `..`
+and every symlink are resolved (`os.path.realpath`) before the containment check. Whether the
+file exists is left to the caller, after confinement, so a missing file outside the roots is
+`forbidden_path`, not `not_found`, and the answer does not reveal what exists outside them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, VoxmillError
+
+
+def is_within(path: Path, root: Path) -> bool:
+    """True when `path` is `root` or lies below it, comparing the paths as given (no resolving)."""
+    return path == root or root in path.parents
+
+
+def resolve_allowed_path(path: str | Path, roots: Sequence[Path], base: Path | None = None) -> Path:
+    """The real absolute path of `path` (relative to `base`, default cwd) if inside one of `roots`.
+
+    Raises `bad_request` for a NUL byte or an empty path and `forbidden_path` when the real path
+    lies outside every root (also when no roots are given).
+    """
+    text = os.fspath(path)
+    if "\x00" in text:
+        raise VoxmillError(BAD_REQUEST, f"path {text!r} contains a NUL byte")
+    if not text:
+        raise VoxmillError(BAD_REQUEST, "path is empty")
+    anchor = Path.cwd() if base is None else base
+    real = Path(os.path.realpath(anchor / text))
+    real_roots = [Path(os.path.realpath(root)) for root in roots]
+    if not any(is_within(real, root) for root in real_roots):
+        allowed = ", ".join(str(root) for root in real_roots) or "none configured"
+        raise VoxmillError(FORBIDDEN_PATH, f"path {text} is outside the allowed roots ({allowed})")
+    return real

@@ -1,0 +1,162 @@
+"""Plain data records passed between the pure functions and over the wire.
+
+Every record is a frozen dataclass of JSON-native fields with `to_dict`/`from_dict`.
+Records carry paths, never samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+OPS = ("tokenize", "embed", "extract")
+ROLE_TOKENIZER = "tokenizer"
+ROLE_EMBEDDER = "embedder"
+ROLES = (ROLE_TOKENIZER, ROLE_EMBEDDER)
+ROLES_BY_OP: dict[str, tuple[str, ...]] = {
+    "tokenize": (ROLE_TOKENIZER,),
+    "embed": (ROLE_EMBEDDER,),
+    "extract": (ROLE_TOKENIZER, ROLE_EMBEDDER),
+}
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One clip of a corpus.
+
+    >>> Utterance(utt="spk1/a", path="/data/spk1/a.wav", spk="spk1", text="hello")
+    """
+
+    utt: str
+    path: str
+    spk: str = ""
+    text: str = ""
+    duration_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Utterance:
+        return cls(
+            utt=str(data["utt"]),
+            path=str(data["path"]),
+            spk=str(data.get("spk") or ""),
+            text=str(data.get("text") or ""),
+            duration_s=None if data.get("duration_s") is None else float(data["duration_s"]),
+        )
+
+    def copy_with(self, **changes: Any) -> Utterance:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Which model file, by content, produced a result.
+
+    >>> ModelRef(role="embedder", file="campplus.onnx", sha256="ab12...")
+    """
+
+    role: str
+    file: str
+    sha256: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"file": self.file, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, role: str, data: dict[str, str]) -> ModelRef:
+        return cls(role=role, file=data["file"], sha256=data["sha256"])
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One unit of corpus work: some utterances, one op, one output file.
+
+    >>> ShardSpec(shard=3, op="embed", out_dir="/runs/x", utts=[Utterance("a", "/d/a.wav")])
+    """
+
+    shard: int
+    op: str
+    out_dir: str
+    utts: list[Utterance] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}-{self.shard:06d}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "op": self.op,
+            "out_dir": self.out_dir,
+            "utts": [u.to_dict() for u in self.utts],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShardSpec:
+        return cls(
+            shard=int(data["shard"]),
+            op=str(data["op"]),
+            out_dir=str(data["out_dir"]),
+            utts=[Utterance.from_dict(u) for u in data["utts"]],
+        )
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What a shard task reports back: counts, where its file is, and the models used."""
+
+    shard: int
+    op: str
+    path: str
+    ok: int
+    failed: int
+    audio_seconds: float
+    seconds: float
+    models: dict[str, dict[str, str]] = field(default_factory=dict)
+    error: dict[str, str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShardResult:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """The contract's result object for one input (DESIGN.md, `voxmill submit`).
+
+    >>> TaskResult(input="a.wav", op="tokenize", speech_token=[1, 2], audio_seconds=0.1)
+    """
+
+    input: str
+    op: str
+    speech_token: list[int] | None = None
+    embedding: list[float] | None = None
+    audio_seconds: float | None = None
+    models: dict[str, dict[str, str]] = field(default_factory=dict)
+    error: dict[str, str] | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskResult:
+        return cls(
+            input=str(data["input"]),
+            op=str(data["op"]),
+            speech_token=data.get("speech_token"),
+            embedding=data.get("embedding"),
+            audio_seconds=data.get("audio_seconds"),
+            models=dict(data.get("models") or {}),
+            error=data.get("error"),
+            timings_ms=dict(data.get("timings_ms") or {}),
+        )

@@ -1,0 +1,311 @@
+"""ONNX Runtime sessions, the one place they are built: load -> warm up -> serve -> close.
+
+A model is read once into memory; the sha256 of exactly those bytes is what every result
+names, and the session is built from those same bytes. Input and output names are read from
+the session, never hard-coded; the signature (rank, dtype by position) is checked against the
+registry at load, so a wrong model is refused with `model_error` before any request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline import errors
+from pipeline.errors import VoxmillError
+from pipeline.providers import (
+    ProviderChoice,
+    ProviderOptions,
+    ShapeProfile,
+    choose_providers,
+    session_fallback_warning,
+)
+from pipeline.records import ModelRef
+from pipeline.registry import Identified, Registry, RoleSpec, TensorSpec
+from pipeline.settings import Settings
+
+log = logging.getLogger("voxmill.sessions")
+
+LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/"
+ORT_DTYPES = {"float32": "tensor(float)", "int32": "tensor(int32)", "int64": "tensor(int64)"}
+DTYPE_KINDS = {
+    "int": ("tensor(int32)", "tensor(int64)", "tensor(int16)", "tensor(int8)", "tensor(uint8)"),
+    "float": ("tensor(float)", "tensor(float16)", "tensor(double)"),
+}
+Array = npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How to build sessions: provider, threads, warm-up runs and provider options."""
+
+    provider: str = "cpu"
+    intra_op_threads: int = 1
+    warmup_runs: int = 2
+    provider_options: ProviderOptions = field(default_factory=ProviderOptions)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SessionOptions:
+        return cls(
+            provider=settings.provider,
+            intra_op_threads=settings.intra_op_threads,
+            warmup_runs=settings.warmup_runs,
+            provider_options=ProviderOptions(
+                device_id=settings.cuda_device_id,
+                cuda_mem_limit_bytes=settings.cuda_mem_limit_bytes,
+                cudnn_conv_algo_search=settings.cudnn_conv_algo_search,
+                trt_fp16=settings.trt_fp16,
+                engine_cache_dir=settings.engine_cache_dir,
+            ),
+        )
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_model_bytes(path: Path) -> bytes:
+    """The model file's bytes; a missing file, folder or git-lfs pointer is a `model_error`."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise VoxmillError(errors.MODEL_ERROR, f"model file {path} does not exist") from None
+    except OSError as exc:
+        raise VoxmillError(errors.MODEL_ERROR, f"cannot read model file {path}: {exc.strerror}") from None
+    if data.startswith(LFS_POINTER_PREFIX):
+        raise VoxmillError(
+            errors.MODEL_ERROR,
+            f"{path} is a git-lfs pointer file ({len(data)} bytes), not the model: "
+            "run `git lfs pull` in the model folder (or download the real file)",
+        )
+    if not data:
+        raise VoxmillError(errors.MODEL_ERROR, f"model file {path} is empty")
+    return data
+
+
+def check_signature(spec: RoleSpec, file_name: str, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    """Refuse a session whose inputs/outputs do not match the role (by position)."""
+    if len(inputs) < len(spec.inputs):
+        raise VoxmillError(
+            errors.MODEL_ERROR,
+            f"{file_name} has {len(inputs)} input(s); a {spec.role} model needs {len(spec.inputs)}",
+        )
+    if len(outputs) < len(spec.outputs):
+        raise VoxmillError(errors.MODEL_ERROR, f"{file_name} has no output; a {spec.role} model needs one")
+    for kind, declared, wanted in (("input", inputs, spec.inputs), ("output", outputs, spec.outputs)):
+        for index, (arg, want) in enumerate(zip(declared, wanted, strict=False)):
+            problem = _tensor_mismatch(arg, want)
+            if problem:
+                raise VoxmillError(
+                    errors.MODEL_ERROR,
+                    f"{file_name} {kind} {index} ({arg.name!r}) {problem}; not a {spec.role} model",
+                )
+
+
+def _tensor_mismatch(arg: Any, want: TensorSpec) -> str | None:
+    shape = list(arg.shape)
+    if want.rank is not None and len(shape) != want.rank:
+        return f"has rank {len(shape)} (shape {shape}), expected rank {want.rank}"
+    if want.dtype is not None and arg.type != ORT_DTYPES[want.dtype]:
+        return f"has type {arg.type}, expected {ORT_DTYPES[want.dtype]}"
+    if want.dtype_kind is not None and arg.type not in DTYPE_KINDS[want.dtype_kind]:
+        return f"has type {arg.type}, expected an {want.dtype_kind} tensor"
+    if want.dims is not None:
+        for axis, (got, expected) in enumerate(zip(shape, want.dims, strict=False)):
+            if expected is not None and isinstance(got, int) and got != expected:
+                return f"has size {got} on axis {axis}, expected {expected}"
+    return None
+
+
+class ModelSession:
+    """A loaded and checked model of one role. Build with `load`, then `warm_up` before use."""
+
+    def __init__(
+        self,
+        *,
+        spec: RoleSpec,
+        identified: Identified,
+        ref: ModelRef,
+        path: Path,
+        session: Any,
+        choice: ProviderChoice,
+        load_s: float,
+    ) -> None:
+        self.spec = spec
+        self.identified = identified
+        self.ref = ref
+        self.path = path
+        self.session = session
+        self.choice = choice
+        self.load_s = load_s
+        self.input_names: list[str] = [i.name for i in session.get_inputs()]
+        self.output_names: list[str] = [o.name for o in session.get_outputs()]
+        self.active_providers: list[str] = list(session.get_providers())
+        self.first_run_ms: float | None = None
+        self.warm_latency_ms: float | None = None
+        self.warm = False
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
+    def sha256(self) -> str:
+        return self.ref.sha256
+
+    @property
+    def token_rate_hz(self) -> int:
+        return self.identified.variant.token_rate_hz or 25
+
+    @classmethod
+    def load(
+        cls,
+        path: Path,
+        role: str,
+        options: SessionOptions,
+        registry: Registry,
+        expected_sha256: str | None = None,
+    ) -> ModelSession:
+        """Read `path` once, check its sha256 (when given) and signature, and build the session.
+
+        Raises `VoxmillError(model_error)` for anything that makes the file unusable.
+        """
+        import onnxruntime as ort
+
+        started = time.perf_counter()
+        spec = registry.role(role)
+        data = read_model_bytes(path)
+        sha256 = sha256_bytes(data)
+        if expected_sha256 is not None and sha256 != expected_sha256:
+            raise VoxmillError(
+                errors.MODEL_ERROR,
+                f"{path} has sha256 {sha256[:12]}…, expected {expected_sha256[:12]}… "
+                "(the file changed while it was read)",
+            )
+        identified = registry.identify(role, path.name, sha256)
+        choice = choose_providers(
+            options.provider,
+            ort.get_available_providers(),
+            options.provider_options,
+            profile=_shape_profile(spec, data) if options.provider in ("tensorrt", "auto") else None,
+        )
+        if choice.warning:
+            log.warning("%s: %s", path.name, choice.warning)
+        session = _build_session(ort, data, path, options, choice)
+        del data
+        check_signature(spec, path.name, session.get_inputs(), session.get_outputs())
+        ref = ModelRef(role=role, file=path.name, sha256=sha256)
+        loaded = cls(
+            spec=spec,
+            identified=identified,
+            ref=ref,
+            path=path,
+            session=session,
+            choice=choice,
+            load_s=time.perf_counter() - started,
+        )
+        warning = session_fallback_warning(choice, loaded.active_providers)
+        if warning:
+            log.warning("%s: %s", path.name, warning)
+        return loaded
+
+    def warm_up(self, inputs: Sequence[Array], runs: int) -> float:
+        """Run `inputs` `runs` times (at least once) and check outputs are finite; the last latency (ms)."""
+        for index in range(max(1, runs)):
+            started = time.perf_counter()
+            outputs = self.run(inputs)
+            elapsed_ms = (time.perf_counter() - started) * 1000.0
+            if index == 0:
+                self.first_run_ms = elapsed_ms
+            self.warm_latency_ms = elapsed_ms
+            for out in outputs:
+                if np.issubdtype(out.dtype, np.floating) and not np.isfinite(out).all():
+                    raise VoxmillError(
+                        errors.MODEL_ERROR, f"{self.path.name} gives non-finite outputs on the warm-up clip"
+                    )
+        self.warm = True
+        return self.warm_latency_ms or 0.0
+
+    def run(self, inputs: Sequence[Array]) -> list[Array]:
+        """Run the model on inputs given by position; returns the outputs by position."""
+        feeds = dict(zip(self.input_names, inputs, strict=False))
+        try:
+            outputs: list[Array] = self.session.run(None, feeds)
+        except Exception as exc:  # ONNX Runtime raises its own exception types
+            raise VoxmillError(errors.MODEL_ERROR, f"{self.path.name} failed to run: {exc}") from exc
+        return outputs
+
+    def close(self) -> None:
+        """Release the ONNX Runtime session."""
+        self.session = None
+        self.warm = False
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready facts about this session (for status and logs)."""
+        return {
+            "role": self.role,
+            "file": self.ref.file,
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "variant": self.identified.variant.name,
+            "recognised_by": self.identified.by,
+            "providers": self.active_providers,
+            "load_s": round(self.load_s, 4),
+            "first_run_ms": None if self.first_run_ms is None else round(self.first_run_ms, 3),
+            "warm_latency_ms": None if self.warm_latency_ms is None else round(self.warm_latency_ms, 3),
+        }
+
+
+def _build_session(ort: Any, data: bytes, path: Path, options: SessionOptions, choice: ProviderChoice) -> Any:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = options.intra_op_threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    try:
+        return ort.InferenceSession(data, sess_options=so, providers=choice.providers)
+    except Exception as exc:
+        raise VoxmillError(errors.MODEL_ERROR, _load_failure_message(path, str(exc))) from exc
+
+
+def _load_failure_message(path: Path, reason: str) -> str:
+    first_line = reason.strip().splitlines()[0] if reason.strip() else "unknown error"
+    if "IR version" in reason or "opset" in reason.lower():
+        return (
+            f"{path.name} needs a newer onnxruntime than this one ({first_line}); "
+            "upgrade onnxruntime or re-export the model with an older opset"
+        )
+    return f"{path.name} is not a loadable ONNX model: {first_line}"
+
+
+def _shape_profile(spec: RoleSpec, data: bytes) -> ShapeProfile:
+    """TensorRT min/opt/max shapes for the model's inputs, named as the file names them."""
+    if not spec.profiles:
+        return ShapeProfile()
+    import onnx
+
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception:
+        return ShapeProfile()
+    initializers = {init.name for init in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in initializers]
+    first = names[0]
+    profile: dict[str, dict[str, tuple[int, ...]]] = {"min": {}, "opt": {}, "max": {}}
+    for level in profile:
+        shape = spec.profiles[level]
+        profile[level][first] = shape
+        if len(names) > 1:  # the tokenizer's feats_length
+            profile[level][names[1]] = (shape[0],)
+    return ShapeProfile(min=profile["min"], opt=profile["opt"], max=profile["max"])

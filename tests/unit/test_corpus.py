@@ -1,0 +1,283 @@
+"""Corpus readers (Kaldi dir, JSONL manifest, folder), duration probing and shard planning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipeline.corpus import CorpusError, plan_fingerprint, plan_shards, probe_durations, read_corpus
+from pipeline.errors import BAD_REQUEST, VoxmillError
+from pipeline.records import Utterance
+from pipeline.settings import AudioLimits
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _problems(source: Path) -> list[str]:
+    with pytest.raises(CorpusError) as caught:
+        read_corpus(source)
+    assert caught.value.code == BAD_REQUEST
+    assert isinstance(caught.value, VoxmillError)
+    return caught.value.problems
+
+
+# --------------------------------------------------------------------------- Kaldi data dir
+
+
+def test_kaldi_dir_with_utt2spk_and_text(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _write(data / "wav.scp", "u2 /abs/b.wav\nu1 /abs/a.flac\n")
+    _write(data / "utt2spk", "u1 alice\nu2 bob\n")
+    _write(data / "text", "u2 hello   big world \nu1 hi\n")
+    utts = read_corpus(data)
+    assert utts == [
+        Utterance(utt="u2", path="/abs/b.wav", spk="bob", text="hello   big world"),
+        Utterance(utt="u1", path="/abs/a.flac", spk="alice", text="hi"),
+    ]
+
+
+def test_kaldi_dir_without_utt2spk_or_text_makes_each_utt_its_own_speaker(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "a /x/a.wav\n\n   \nb /x/b.wav\n")
+    utts = read_corpus(tmp_path)
+    assert [(u.utt, u.spk, u.text) for u in utts] == [("a", "a", ""), ("b", "b", "")]
+
+
+def test_kaldi_relative_paths_and_spaces_are_resolved_against_the_data_dir(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _write(data / "wav.scp", "a ../audio/my clip.wav\nb\tsub dir/x y.wav  \nc /abs/with space.wav\n")
+    utts = read_corpus(data)
+    assert [u.path for u in utts] == [
+        str(data.absolute() / "../audio/my clip.wav"),
+        str(data.absolute() / "sub dir/x y.wav"),
+        "/abs/with space.wav",
+    ]
+    assert all(Path(u.path).is_absolute() for u in utts)
+
+
+def test_kaldi_dir_given_as_its_wav_scp(tmp_path: Path) -> None:
+    scp = _write(tmp_path / "wav.scp", "a /x/a.wav\n")
+    assert [u.utt for u in read_corpus(scp)] == ["a"]
+
+
+def test_kaldi_missing_audio_is_not_an_error_here(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "a does/not/exist.wav\n")
+    assert read_corpus(tmp_path)[0].path == str(tmp_path / "does/not/exist.wav")
+
+
+def test_kaldi_pipes_are_refused_with_their_line_number(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "a /x/a.wav\nb sox /x/b.wav -t wav - |\n")
+    problems = _problems(tmp_path)
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{tmp_path / 'wav.scp'} line 2: piped commands are not supported")
+
+
+def test_kaldi_malformed_lines_duplicates_and_unknown_utts_are_all_reported(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "a /x/a.wav\nlonely\na /x/other.wav\nb /x/b.wav\n")
+    _write(tmp_path / "utt2spk", "a s1\nzz s2\nb\nb s1 extra\n")
+    _write(tmp_path / "text", "a hello\na again\nghost words\n")
+    problems = _problems(tmp_path)
+    scp, u2s, text = (str(tmp_path / n) for n in ("wav.scp", "utt2spk", "text"))
+    assert problems == [
+        f"{scp} line 2: expected 'utt path', got 'lonely'",
+        f"{scp} line 3: duplicate utt 'a' (first on line 1)",
+        f"{u2s} line 2: utt 'zz' is not in wav.scp",
+        f"{u2s} line 3: expected 'utt spk', got 'b'",
+        f"{u2s} line 4: expected 'utt spk', got 'b s1 extra'",
+        f"{text} line 2: duplicate utt 'a' (first on line 1)",
+        f"{text} line 3: utt 'ghost' is not in wav.scp",
+    ]
+
+
+def test_corpus_error_lists_twenty_problems_then_counts_the_rest(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "".join(f"u{i}\n" for i in range(25)))
+    with pytest.raises(CorpusError) as caught:
+        read_corpus(tmp_path)
+    message = caught.value.message
+    assert "line 20: expected 'utt path'" in message
+    assert "line 21:" not in message
+    assert message.rstrip().endswith("... and 5 more")
+    assert len(caught.value.problems) == 25
+
+
+def test_invalid_utf8_line_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "wav.scp").write_bytes(b"a /x/a.wav\nb /x/\xff.wav\n")
+    assert _problems(tmp_path) == [f"{tmp_path / 'wav.scp'} line 2: is not valid UTF-8"]
+
+
+def test_empty_wav_scp_is_an_error(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "\n\n")
+    assert _problems(tmp_path) == [f"{tmp_path / 'wav.scp'}: lists no utterances"]
+
+
+# --------------------------------------------------------------------------- JSONL manifest
+
+
+def test_jsonl_manifest(tmp_path: Path) -> None:
+    lines = [
+        {"utt": "a", "path": "clips/a.wav", "spk": "s1", "text": "hi"},
+        {"utt": "b", "path": "/abs/b.mp3", "extra": 1},
+        {"utt": "c", "path": "c d.wav", "spk": None, "text": None},
+    ]
+    manifest = _write(tmp_path / "m" / "list.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n\n")
+    utts = read_corpus(manifest)
+    assert utts == [
+        Utterance("a", str(tmp_path.absolute() / "m/clips/a.wav"), "s1", "hi"),
+        Utterance("b", "/abs/b.mp3", "b", ""),
+        Utterance("c", str(tmp_path.absolute() / "m/c d.wav"), "c", ""),
+    ]
+
+
+def test_jsonl_errors_carry_line_numbers(tmp_path: Path) -> None:
+    manifest = _write(
+        tmp_path / "bad.JSONL",
+        "\n".join(
+            [
+                '{"utt": "a", "path": "/a.wav"}',
+                "{not json",
+                "[1, 2]",
+                '{"path": "/x.wav"}',
+                '{"utt": 3, "path": ""}',
+                '{"utt": "a", "path": "/again.wav"}',
+                '{"utt": "d", "path": "/d.wav", "spk": 7}',
+            ]
+        ),
+    )
+    problems = _problems(manifest)
+    assert [p.split(": ", 1)[0] for p in problems] == [f"{manifest} line {n}" for n in (2, 3, 4, 5, 6, 7)]
+    assert "not valid JSON" in problems[0]
+    assert "expected a JSON object, got list" in problems[1]
+    assert "missing field 'utt'" in problems[2]
+    assert "field 'utt' must be a non-empty string, got 3" in problems[3]
+    assert "field 'path' must be a non-empty string" in problems[3]
+    assert "duplicate utt 'a' (first on line 1)" in problems[4]
+    assert "field 'spk' must be a string, got 7" in problems[5]
+
+
+# --------------------------------------------------------------------------- folder of audio
+
+
+def test_folder_recursive_with_speaker_from_parent(tmp_path: Path) -> None:
+    root = tmp_path / "corpus"
+    for rel in (
+        "alice/one.wav",
+        "alice/sub/two.FLAC",
+        "bob/three.mp3",
+        "top.ogg",
+        "bob/notes.txt",
+        ".hidden/x.wav",
+        "bob/._resource.wav",
+        "carol/four.opus",
+    ):
+        _write(root / rel, "x")
+    utts = read_corpus(root)
+    assert [(u.utt, u.spk) for u in utts] == [
+        ("alice/one", "alice"),
+        ("alice/sub/two", "sub"),
+        ("bob/three", "bob"),
+        ("carol/four", "carol"),
+        ("top", "corpus"),
+    ]
+    assert utts[1].path == str(root.absolute() / "alice/sub/two.FLAC")
+
+
+def test_folder_duplicate_utt_from_two_extensions(tmp_path: Path) -> None:
+    _write(tmp_path / "s" / "a.wav", "x")
+    _write(tmp_path / "s" / "a.flac", "x")
+    problems = _problems(tmp_path)
+    assert len(problems) == 1 and "duplicate utt 's/a'" in problems[0]
+
+
+def test_folder_without_audio_and_missing_source(tmp_path: Path) -> None:
+    _write(tmp_path / "notes.txt", "x")
+    assert "holds no audio files" in _problems(tmp_path)[0]
+    assert "no such file or folder" in _problems(tmp_path / "nope")[0]
+    assert "not a Kaldi data dir" in _problems(tmp_path / "notes.txt")[0]
+
+
+# --------------------------------------------------------------------------- durations
+
+
+def test_probe_durations_reads_headers_and_leaves_none_on_failure(tmp_path: Path) -> None:
+    sf.write(tmp_path / "a.wav", np.zeros(24000, dtype=np.float32) + 0.1, 16000)
+    sf.write(tmp_path / "b.flac", np.zeros(22050 * 2, dtype=np.float32) + 0.1, 22050)
+    _write(tmp_path / "broken.wav", "not audio")
+    utts = [
+        Utterance("a", str(tmp_path / "a.wav")),
+        Utterance("b", str(tmp_path / "b.flac")),
+        Utterance("c", str(tmp_path / "broken.wav")),
+        Utterance("d", str(tmp_path / "missing.wav")),
+    ]
+    probed = probe_durations(utts, AudioLimits())
+    assert [u.duration_s for u in probed] == [1.5, 2.0, None, None]
+    assert [u.utt for u in probed] == ["a", "b", "c", "d"]
+    assert probe_durations(utts[:1], AudioLimits(max_duration_s=1.0))[0].duration_s is None
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _utts(durations: list[float | None]) -> list[Utterance]:
+    return [Utterance(f"u{i}", f"/d/u{i}.wav", duration_s=d) for i, d in enumerate(durations)]
+
+
+def test_plan_groups_similar_lengths_with_unknown_last() -> None:
+    utts = _utts([5.0, None, 1.0, 3.0, 1.0, 9.0, 2.0])
+    specs = plan_shards(utts, ["tokenize"], "/out", shard_size=3)
+    assert [s.shard for s in specs] == [0, 1, 2]
+    assert [[u.utt for u in s.utts] for s in specs] == [["u2", "u4", "u6"], ["u3", "u0", "u5"], ["u1"]]
+    assert all(s.out_dir == "/out" and s.op == "tokenize" for s in specs)
+
+
+def test_plan_shares_shard_numbers_across_ops() -> None:
+    utts = _utts([float(i % 4) for i in range(10)])
+    specs = plan_shards(utts, ["tokenize", "embed"], "/out", shard_size=4)
+    assert [(s.shard, s.op, len(s.utts)) for s in specs] == [
+        (0, "tokenize", 4),
+        (0, "embed", 4),
+        (1, "tokenize", 4),
+        (1, "embed", 4),
+        (2, "tokenize", 2),
+        (2, "embed", 2),
+    ]
+    for shard in range(3):
+        pair = [s for s in specs if s.shard == shard]
+        assert pair[0].utts == pair[1].utts
+    assert sorted(u.utt for s in specs if s.op == "embed" for u in s.utts) == sorted(u.utt for u in utts)
+
+
+@pytest.mark.parametrize(
+    ("ops", "size"), [(["tokenize"], 0), ([], 4), (["nope"], 4), (["embed", "embed"], 4)]
+)
+def test_plan_refuses_bad_arguments(ops: list[str], size: int) -> None:
+    with pytest.raises(VoxmillError) as caught:
+        plan_shards(_utts([1.0]), ops, "/out", size)
+    assert caught.value.code == BAD_REQUEST
+
+
+def test_plan_of_no_utterances_is_empty() -> None:
+    assert plan_shards([], ["embed"], "/out", 8) == []
+
+
+def test_fingerprint_is_stable_and_changes_with_input() -> None:
+    utts = _utts([1.0, 2.0])
+    base = plan_fingerprint(utts, ["tokenize"], 32)
+    assert base == plan_fingerprint(_utts([7.0, None]), ["tokenize"], 32)  # durations do not count
+    assert len(base) == 64
+    changed = [
+        plan_fingerprint(utts, ["embed"], 32),
+        plan_fingerprint(utts, ["tokenize"], 16),
+        plan_fingerprint(utts[:1], ["tokenize"], 32),
+        plan_fingerprint([utts[0].copy_with(path="/other.wav"), utts[1]], ["tokenize"], 32),
+        plan_fingerprint([utts[0].copy_with(spk="s"), utts[1]], ["tokenize"], 32),
+        plan_fingerprint([utts[0].copy_with(text="t"), utts[1]], ["tokenize"], 32),
+        plan_fingerprint(utts[::-1], ["tokenize"], 32),
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)

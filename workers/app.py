@@ -1,0 +1,75 @@
+"""The Celery app: the only place Celery option names appear.
+
+`celery -A workers.app worker` and `voxmill worker` both use the module-level `app`.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu.entity import Queue
+
+from pipeline.settings import Settings
+from workers.keys import QUEUES
+
+TASK_ROUTES = {
+    "voxmill.tokenize": {"queue": "tokenize"},
+    "voxmill.embed": {"queue": "embed"},
+    "voxmill.extract": {"queue": "extract"},
+}
+PLACEHOLDER_BROKER = "redis://voxmill-broker-not-configured.invalid:6379/0"
+
+
+def create_app(settings: Settings) -> Celery:
+    """A Celery app configured from `settings` with voxmill's tasks registered.
+
+    Never pickle: JSON, and msgpack for raw audio bytes, are the only accepted content types.
+    Nothing lost: late acks, rejection on worker loss, prefetch 1, and one visibility timeout
+    (broker and result backend) longer than the longest task.
+    """
+    broker = settings.broker_url or PLACEHOLDER_BROKER
+    backend = settings.result_backend_url or broker
+    visibility = {"visibility_timeout": settings.visibility_timeout_s}
+    app = Celery("voxmill", broker=broker, backend=backend, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json", "msgpack"],
+        result_accept_content=["json", "msgpack"],
+        event_serializer="json",
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options={**visibility, "socket_keepalive": True},
+        result_backend_transport_options=dict(visibility),
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        redis_retry_on_timeout=True,
+        redis_socket_keepalive=True,
+        result_expires=settings.result_expires_s,
+        result_extended=False,
+        task_time_limit=settings.task_time_limit_s,
+        task_soft_time_limit=max(1, settings.task_time_limit_s - 30),
+        task_routes=TASK_ROUTES,
+        task_queues=[Queue(name, routing_key=name) for name in QUEUES],
+        task_default_queue="tokenize",
+        task_track_started=False,
+        worker_proc_alive_timeout=settings.worker_proc_alive_timeout_s,
+        worker_max_memory_per_child=settings.worker_max_memory_per_child_kb or None,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=True,
+        task_send_sent_event=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    if settings.visibility_timeout_s <= settings.task_time_limit_s:
+        raise ValueError(
+            f"visibility_timeout_s ({settings.visibility_timeout_s}) must exceed task_time_limit_s "
+            f"({settings.task_time_limit_s}), or long tasks are delivered twice"
+        )
+    from workers import tasks
+
+    tasks.register(app, settings)
+    return app
+
+
+app = create_app(Settings.load())

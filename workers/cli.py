@@ -1,0 +1,308 @@
+"""`voxmill`: the command line. It only parses and dispatches; the work lives below it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from pipeline.settings import Settings
+
+app = typer.Typer(
+    help="voxmill: speech tokens and speaker embeddings for CosyVoice-style TTS, over Celery and Redis.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+models_app = typer.Typer(help="Inspect, verify and create model files.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+err = Console(stderr=True)
+out = Console()
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings.load()
+    except Exception as exc:  # pydantic's validation errors are readable as they are
+        err.print(f"[red]invalid settings:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def require_broker(settings: Settings) -> str:
+    if not settings.broker_url:
+        from workers.client import BrokerNotConfigured
+
+        err.print(f"[red]error:[/red] {BrokerNotConfigured()}")
+        raise typer.Exit(2)
+    return settings.broker_url
+
+
+# --------------------------------------------------------------------------------- serving
+@app.command()
+def worker(
+    queues: str = typer.Option(
+        "tokenize,embed,extract", "-Q", "--queues", help="Queues to consume, comma-separated."
+    ),
+    concurrency: int = typer.Option(0, "-c", "--concurrency", help="Pool processes (default: one per core)."),
+    pool: str = typer.Option(
+        "prefork", "--pool", help="prefork | solo | threads (solo or threads on a GPU)."
+    ),
+    loglevel: str = typer.Option("", "-l", "--loglevel", help="Log level (default: settings' log_level)."),
+    hostname: str = typer.Option("", "-n", "--hostname", help="Celery node name."),
+) -> None:
+    """Run a Celery worker that holds warm model sessions (same as `celery -A workers.app worker`)."""
+    from workers.gpu import check_pool_for_provider
+
+    settings = load_settings()
+    require_broker(settings)
+    problem = check_pool_for_provider(settings, pool)
+    if problem:
+        err.print(f"[red]error:[/red] {problem}")
+        raise typer.Exit(2)
+    from workers.app import app as celery_app
+
+    argv = ["worker", "-Q", queues, "--pool", pool, "-l", loglevel or settings.log_level]
+    argv += ["-c", str(concurrency or os.cpu_count() or 1)]
+    if hostname:
+        argv += ["-n", hostname]
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def up(
+    workers: int = typer.Option(0, "--workers", "-w", help="Worker processes (default: one per core)."),
+    queues: str = typer.Option(
+        "tokenize,embed,extract", "-Q", "--queues", help="Queues the local workers serve."
+    ),
+    no_watch: bool = typer.Option(False, "--no-watch", help="Do not start the model watcher."),
+) -> None:
+    """Embedded Redis + N workers + the model watcher, in the foreground. Ctrl-C stops everything."""
+    from workers.embedded import LocalCluster
+
+    settings = load_settings()
+    count = workers or os.cpu_count() or 1
+    cluster = LocalCluster(settings, workers=count, queues=queues.split(","), watch=not no_watch)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        cluster.start()
+        out.print(f"voxmill is up: {count} worker process(es), models from {settings.model_dir}")
+        out.print("In another shell:")
+        out.print(f"  export VOXMILL_BROKER_URL={cluster.broker_url}")
+        out.print("  voxmill submit tokenize some.wav")
+        out.print("Ctrl-C stops everything.")
+        sys.stdout.flush()
+        cluster.wait()
+    except KeyboardInterrupt:
+        out.print("stopping…")
+    finally:
+        cluster.stop()
+
+
+# --------------------------------------------------------------------------------- producing
+@app.command()
+def submit(
+    op: str = typer.Argument(..., help="tokenize | embed | extract"),
+    audio: list[Path] = typer.Argument(..., help="Audio files (sent as paths the workers read)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per input, one per line."),
+    send_bytes: bool = typer.Option(False, "--bytes", help="Send the file contents instead of the path."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for all results."),
+) -> None:
+    """Submit audio to the workers; exit 0 when every input succeeded, 1 otherwise."""
+    from workers.client import Client
+
+    if op not in ("tokenize", "embed", "extract"):
+        err.print(f"[red]error:[/red] op must be tokenize, embed or extract, not {op!r}")
+        raise typer.Exit(2)
+    settings = load_settings()
+    require_broker(settings)
+    client = Client(settings)
+    jobs = []
+    for path in audio:
+        if send_bytes:
+            try:
+                payload = path.read_bytes()
+            except OSError as exc:
+                err.print(f"[red]error:[/red] cannot read {path}: {exc.strerror}")
+                raise typer.Exit(2) from None
+            jobs.append(client.submit(op, payload, name=str(path)))
+        else:
+            jobs.append(client.submit(op, path))
+    failed = 0
+    for result in client.as_completed(jobs, timeout_s=timeout):
+        failed += 0 if result.ok else 1
+        if as_json:
+            print(json.dumps(result.to_dict()), flush=True)
+        else:
+            print_result(result)
+    raise typer.Exit(1 if failed else 0)
+
+
+def print_result(result: object) -> None:
+    from pipeline.records import TaskResult
+
+    assert isinstance(result, TaskResult)
+    if result.error:
+        out.print(f"[red]✗[/red] {result.input}: {result.error['code']}: {result.error['message']}")
+        return
+    parts = [f"{result.audio_seconds:.2f} s"]
+    if result.speech_token is not None:
+        parts.append(f"{len(result.speech_token)} tokens")
+    if result.embedding is not None:
+        parts.append(f"embedding[{len(result.embedding)}]")
+    out.print(f"[green]✓[/green] {result.input}: {', '.join(parts)}")
+
+
+# --------------------------------------------------------------------------------- corpora
+@app.command()
+def extract(
+    source: Path = typer.Argument(
+        ..., metavar="INPUT", help="Kaldi data dir (wav.scp), JSONL manifest, or audio folder."
+    ),
+    out: Path = typer.Option(..., "--out", help="Output folder; re-running on it resumes."),
+    ops: str = typer.Option("tokenize,embed", "--ops", help="Comma-separated: tokenize, embed."),
+    models: Path | None = typer.Option(None, "--models", help="Model folder for local workers."),
+    workers: int = typer.Option(0, "--workers", help="Local worker processes (default: one per core)."),
+    shard_size: int = typer.Option(0, "--shard-size", help="Utterances per shard task (default: settings)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Extract speech tokens and speaker embeddings for a whole corpus (sharded, resumable).
+
+    Without VOXMILL_BROKER_URL it starts an embedded Redis and local workers; with it, it only
+    submits shards and waits for workers anywhere that can read the same paths.
+    """
+    from workers.driver import RunError, extract_corpus
+    from workers.progress import summary_table
+
+    op_list = [op.strip() for op in ops.split(",") if op.strip()]
+    bad = [op for op in op_list if op not in ("tokenize", "embed")]
+    if bad or not op_list:
+        err.print(f"[red]error:[/red] --ops takes tokenize and/or embed, not {ops!r}")
+        raise typer.Exit(2)
+    settings = load_settings()
+    if models is not None:
+        if settings.broker_url:
+            err.print(
+                "[yellow]note:[/yellow] --models applies to local workers only; remote workers use their own"
+            )
+        settings = settings.model_copy(update={"model_dir": models})
+    try:
+        report = extract_corpus(
+            settings,
+            source,
+            out,
+            op_list,
+            workers or os.cpu_count() or 1,
+            shard_size or settings.shard_size,
+            quiet,
+        )
+    except RunError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err.print(f"interrupted; run the same command again to resume from {out}")
+        raise typer.Exit(130) from None
+    out.mkdir(exist_ok=True)
+    Console().print(summary_table(report, str(out)))
+    if not quiet:
+        out_console = Console()
+        for name in (
+            "speech_tokens.parquet",
+            "utt_embeddings.parquet",
+            "spk_embeddings.parquet",
+            "errors.jsonl",
+            "report.json",
+        ):
+            if (out / name).exists():
+                out_console.print(f"  {out / name}")
+
+
+# --------------------------------------------------------------------------------- status
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="Stable JSON for scripts.")) -> None:
+    """Queues, workers and their models, published generations, rejections, throughput."""
+    import redis
+
+    from workers.status import collect_status
+    from workers.status_view import render_status
+
+    settings = load_settings()
+    url = require_broker(settings)
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        report = collect_status(client)
+    except redis.RedisError as exc:
+        err.print(f"[red]error:[/red] cannot reach the broker at {settings.redacted_broker_url()}: {exc}")
+        raise typer.Exit(2) from None
+    report["broker"] = settings.redacted_broker_url()
+    if as_json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        render_status(report, out)
+
+
+# --------------------------------------------------------------------------------- models
+@models_app.command("make-standin")
+def models_make_standin(
+    out_dir: Path = typer.Option(Path("models"), "--out", help="Folder to write the two ONNX files into."),
+    profile: str = typer.Option(
+        "tiny", "--profile", help="tiny (tests, < 1 MB) | full (real dimensions, ~520 MB)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Weights seed; the same seed writes byte-identical files."),
+) -> None:
+    """Write stand-in speech_tokenizer_v2.onnx and campplus.onnx (real signatures, meaningless weights)."""
+    from pipeline.standin import PROFILES, make_standins
+
+    if profile not in PROFILES:
+        err.print(f"[red]error:[/red] profile must be one of {', '.join(PROFILES)}")
+        raise typer.Exit(2)
+    started = time.perf_counter()
+    written = make_standins(out_dir, profile=profile, seed=seed)
+    for role, path in written.items():
+        out.print(f"{role:9s} {path}  ({path.stat().st_size / 1e6:.1f} MB)")
+    out.print(f"done in {time.perf_counter() - started:.1f} s")
+
+
+@models_app.command("list")
+def models_list(
+    model_dir: Path | None = typer.Argument(None, help="Model folder (default: settings' model_dir)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """What a model folder holds and which known variants were recognised (by sha256 or name)."""
+    from workers.model_info import describe_folder, render_models
+
+    settings = load_settings()
+    rows = describe_folder(model_dir or settings.model_dir, load=False)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        render_models(rows, out)
+
+
+@models_app.command("verify")
+def models_verify(
+    model_dir: Path | None = typer.Argument(None, help="Model folder (default: settings' model_dir)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Load every model of a folder, check its signature and warm it up; exit 1 if any fails."""
+    from workers.model_info import describe_folder, render_models
+
+    settings = load_settings()
+    rows = describe_folder(model_dir or settings.model_dir, load=True, settings=settings)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        render_models(rows, out)
+    raise typer.Exit(0 if rows and all(r.get("ok") for r in rows) else 1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

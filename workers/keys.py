@@ -1,0 +1,21 @@
+"""Every Redis key and channel voxmill uses (Celery's own keys aside)."""
+
+# Celery queues (Redis lists named after them), one per op.
+QUEUES = ("tokenize", "embed", "extract")
+
+PREFIX = "voxmill"
+# Hash per model role: the published generation (sha256, path, size, generation, time).
+GENERATION = PREFIX + ":generation:{role}"
+# Counter per role: the last generation number handed out.
+GENERATION_COUNTER = PREFIX + ":generation-counter:{role}"
+# Pub/sub channel announcing a new generation (message: the role).
+GENERATION_CHANNEL = PREFIX + ":generations"
+# Hash per role: the last rejected candidate (path, sha256, reason, time).
+REJECTION = PREFIX + ":rejection:{role}"
+# Hash per worker process, refreshed as a heartbeat and expiring when the process is gone.
+WORKER = PREFIX + ":worker:{worker_id}"
+WORKER_PATTERN = PREFIX + ":worker:*"
+# Sorted set of completion times (score) of recent tasks, for throughput over the last minute.
+COMPLETIONS = PREFIX + ":completions"
+# Short-lived locks limiting how many processes reload a role at the same time.
+RELOAD_SLOT = PREFIX + ":reload-slot:{role}:{slot}"

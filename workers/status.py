@@ -1,0 +1,79 @@
+"""What `voxmill status` reports, read straight from Redis: queues, workers, models, throughput."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from pipeline.records import ROLES
+from workers import keys
+from workers.keys import QUEUES
+
+STATUS_VERSION = 1
+
+
+def worker_records(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every live worker process's heartbeat record (expired ones are gone)."""
+    records = []
+    for key in client.scan_iter(match=keys.WORKER_PATTERN, count=500):
+        raw = client.get(key)
+        if raw:
+            records.append(json.loads(raw))
+    return sorted(records, key=lambda r: (r.get("hostname", ""), r.get("pid", 0)))
+
+
+def count_ready_workers(client: redis.Redis, parent_pid: int | None = None) -> int:
+    """Worker processes with their models loaded (optionally only children of `parent_pid`)."""
+    count = 0
+    for record in worker_records(client):
+        if parent_pid is not None and parent_pid not in (record.get("ppid"), record.get("pid")):
+            continue
+        if record.get("models") or not record.get("queues"):
+            count += 1
+    return count
+
+
+def _decoded(raw: dict[Any, Any]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def model_status(client: redis.Redis, workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per role: the published generation, the last rejection, and which workers serve which sha256."""
+    models: dict[str, Any] = {}
+    for role in ROLES:
+        generation = _decoded(client.hgetall(keys.GENERATION.format(role=role)))
+        rejection = _decoded(client.hgetall(keys.REJECTION.format(role=role)))
+        serving: dict[str, list[str]] = {}
+        for worker in workers:
+            model = worker.get("models", {}).get(role)
+            if model:
+                serving.setdefault(model["sha256"], []).append(worker["worker_id"])
+        models[role] = {
+            "published": generation or None,
+            "last_rejection": rejection or None,
+            "serving": serving,
+        }
+    return models
+
+
+def collect_status(client: redis.Redis) -> dict[str, Any]:
+    """The whole picture as one JSON-ready dict (the shape `voxmill status --json` prints)."""
+    workers = worker_records(client)
+    return {
+        "version": STATUS_VERSION,
+        "time": time.time(),
+        "queues": {queue: int(client.llen(queue)) for queue in QUEUES},
+        "workers": workers,
+        "models": model_status(client, workers),
+        "throughput": {
+            "tasks_last_minute": sum(int(w.get("tasks_last_minute", 0)) for w in workers),
+            "per_second": round(sum(int(w.get("tasks_last_minute", 0)) for w in workers) / 60.0, 3),
+        },
+    }

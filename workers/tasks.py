@@ -1,0 +1,230 @@
+"""voxmill's Celery tasks: thin glue from a decoded payload to one `pipeline` call.
+
+Payloads are JSON (or msgpack when they carry raw bytes):
+- `voxmill.tokenize|embed|extract`: `{"path": str}` or `{"audio": bytes, "name": str?}`
+- `voxmill.shard`: a `ShardSpec` dict; the task writes the shard file and returns a `ShardResult`.
+Bad input is a result with an error code. Only a missing model (still loading, or a failed
+load that a later generation may fix) is retried, with bounded backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, Task, signals
+
+from pipeline import errors
+from pipeline.errors import VoxmillError
+from pipeline.extraction import process
+from pipeline.paths import resolve_allowed_path
+from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult
+from pipeline.settings import Settings
+from pipeline.writers import write_shard
+from workers.holder import ModelHolder, ModelUnavailable
+from workers.keys import QUEUES
+
+log = logging.getLogger("voxmill.tasks")
+MAX_RETRIES = 8
+
+
+def decode_job(job: Any, roots: tuple[Path, ...]) -> tuple[str, str | Path | bytes]:
+    """(label, source) of a single-audio payload; `bad_request` or `forbidden_path` when it is wrong."""
+    if not isinstance(job, dict):
+        raise VoxmillError(errors.BAD_REQUEST, f"job must be an object, not {type(job).__name__}")
+    if "path" in job:
+        path = job["path"]
+        if not isinstance(path, str):
+            raise VoxmillError(errors.BAD_REQUEST, f"'path' must be a string, not {type(path).__name__}")
+        return path, resolve_allowed_path(path, roots)
+    if "audio" in job:
+        audio, name = job["audio"], job.get("name", "<bytes>")
+        if not isinstance(audio, (bytes, bytearray)):
+            raise VoxmillError(
+                errors.BAD_REQUEST, f"'audio' must be raw bytes (msgpack), not {type(audio).__name__}"
+            )
+        if not isinstance(name, str):
+            raise VoxmillError(errors.BAD_REQUEST, f"'name' must be a string, not {type(name).__name__}")
+        return name, bytes(audio)
+    raise VoxmillError(errors.BAD_REQUEST, "job needs 'path' (a string) or 'audio' (bytes)")
+
+
+def job_label(job: Any) -> str:
+    """A printable name for a job, even a malformed one."""
+    if isinstance(job, dict):
+        for key in ("path", "name"):
+            if isinstance(job.get(key), str):
+                return str(job[key])
+    return "<invalid job>"
+
+
+def retry_countdown(retries: int) -> float:
+    """Bounded exponential backoff: 1, 2, 4 ... 30 s."""
+    return float(min(30, 2**retries))
+
+
+class Runner:
+    """What the tasks share in one worker process: settings, roots, limits and the holder."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.limits = settings.audio_limits
+        self.roots = settings.roots()
+        self.holder = ModelHolder(settings)
+
+    def single(self, task: Task, op: str, job: Any) -> dict[str, Any]:
+        """One audio, one op: the contract's result object."""
+        try:
+            label, source = decode_job(job, self.roots)
+        except VoxmillError as exc:
+            return TaskResult(input=job_label(job), op=op, error=exc.to_dict()).to_dict()
+        try:
+            with self.holder.serving(ROLES_BY_OP[op]) as sessions:
+                result = process(label, source, op, sessions, self.limits)
+        except ModelUnavailable as exc:
+            raise task.retry(
+                exc=exc, countdown=retry_countdown(task.request.retries), max_retries=MAX_RETRIES
+            ) from exc
+        log_result(task, result)
+        return result.to_dict()
+
+    def shard(self, task: Task, payload: Any) -> dict[str, Any]:
+        """A corpus shard: process each utterance, write the shard file, return counts."""
+        started = time.perf_counter()
+        try:
+            spec = ShardSpec.from_dict(payload)
+            out_dir = resolve_allowed_path(spec.out_dir, self.roots)
+            if spec.op not in ROLES_BY_OP:
+                raise VoxmillError(errors.BAD_REQUEST, f"unknown op {spec.op!r}")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            return failed_shard(payload, VoxmillError(errors.BAD_REQUEST, f"malformed shard payload: {exc}"))
+        except VoxmillError as exc:
+            return failed_shard(payload, exc)
+        try:
+            with self.holder.serving(ROLES_BY_OP[spec.op]) as sessions:
+                results = [self._utterance(u.utt, u.path, spec.op, sessions) for u in spec.utts]
+                models = {role: s.ref.to_dict() for role, s in sessions.items()}
+        except ModelUnavailable as exc:
+            raise task.retry(
+                exc=exc, countdown=retry_countdown(task.request.retries), max_retries=MAX_RETRIES
+            ) from exc
+        try:
+            path = write_shard(out_dir, spec, results)
+        except VoxmillError as exc:
+            return failed_shard(payload, exc)
+        ok = sum(1 for r in results if r.ok)
+        return ShardResult(
+            shard=spec.shard,
+            op=spec.op,
+            path=str(path),
+            ok=ok,
+            failed=len(results) - ok,
+            audio_seconds=round(sum(r.audio_seconds or 0.0 for r in results), 4),
+            seconds=round(time.perf_counter() - started, 4),
+            models=models,
+        ).to_dict()
+
+    def _utterance(self, utt: str, path: str, op: str, sessions: Any) -> TaskResult:
+        try:
+            source = resolve_allowed_path(path, self.roots)
+        except VoxmillError as exc:
+            return TaskResult(input=utt, op=op, error=exc.to_dict())
+        return process(utt, source, op, sessions, self.limits)
+
+
+def failed_shard(payload: Any, exc: VoxmillError) -> dict[str, Any]:
+    """A shard result that says the whole shard could not be done (bad payload, unwritable output)."""
+    shard = payload.get("shard", -1) if isinstance(payload, dict) else -1
+    op = payload.get("op", "") if isinstance(payload, dict) else ""
+    log.error("shard %s/%s failed: %s", op, shard, exc.message)
+    return ShardResult(
+        shard=int(shard) if isinstance(shard, int) else -1,
+        op=str(op),
+        path="",
+        ok=0,
+        failed=0,
+        audio_seconds=0.0,
+        seconds=0.0,
+        error=exc.to_dict(),
+    ).to_dict()
+
+
+def log_result(task: Task, result: TaskResult) -> None:
+    """One line per task: id, op, input, outcome, duration and model sha256."""
+    outcome = "ok" if result.ok else (result.error or {}).get("code", "error")
+    shas = ",".join(f"{role}={m['sha256'][:12]}" for role, m in result.models.items())
+    total_ms = sum(result.timings_ms.values())
+    log.info(
+        "task %s op=%s input=%s outcome=%s ms=%.1f models=%s",
+        task.request.id,
+        result.op,
+        result.input,
+        outcome,
+        total_ms,
+        shas,
+        extra={
+            "task_id": task.request.id,
+            "op": result.op,
+            "input": result.input,
+            "outcome": outcome,
+            "duration_ms": round(total_ms, 3),
+            "models": result.models,
+        },
+    )
+
+
+def queues_from_options(options: dict[str, Any], default: tuple[str, ...]) -> tuple[str, ...]:
+    """The queues a worker was started with (`-Q a,b`), or all of voxmill's."""
+    queues = options.get("queues")
+    if not queues:
+        return default
+    if isinstance(queues, str):
+        queues = queues.split(",")
+    return tuple(q.strip() for q in queues if q.strip())
+
+
+def register(app: Celery, settings: Settings) -> Runner:
+    """Define voxmill's tasks on `app` and hook model loading into the worker's life."""
+    runner = Runner(settings)
+
+    @app.task(name="voxmill.tokenize", bind=True)
+    def tokenize(self: Task, job: Any) -> dict[str, Any]:
+        return runner.single(self, "tokenize", job)
+
+    @app.task(name="voxmill.embed", bind=True)
+    def embed(self: Task, job: Any) -> dict[str, Any]:
+        return runner.single(self, "embed", job)
+
+    @app.task(name="voxmill.extract", bind=True)
+    def extract(self: Task, job: Any) -> dict[str, Any]:
+        return runner.single(self, "extract", job)
+
+    @app.task(name="voxmill.shard", bind=True)
+    def shard(self: Task, payload: Any) -> dict[str, Any]:
+        return runner.shard(self, payload)
+
+    def on_init(sender: Any = None, instance: Any = None, options: Any = None, **_: Any) -> None:
+        if instance is None or instance.app is not app:
+            return
+        opts = options or {}
+        pool = str(opts.get("pool_cls") or opts.get("pool") or "prefork")
+        runner.holder.configure(queues_from_options(opts, QUEUES), pool.rsplit(".", 1)[-1].lower())
+
+    def on_process_init(**_: Any) -> None:
+        if runner.holder.roles:
+            runner.holder.start()
+
+    def on_threads_worker_init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app and runner.holder.pool.startswith("thread"):
+            runner.holder.start()
+
+    def on_shutdown(**_: Any) -> None:
+        runner.holder.stop()
+
+    signals.celeryd_init.connect(on_init, weak=False)
+    signals.worker_process_init.connect(on_process_init, weak=False)
+    signals.worker_init.connect(on_threads_worker_init, weak=False)
+    signals.worker_process_shutdown.connect(on_shutdown, weak=False)
+    return runner
