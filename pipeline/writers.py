@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import INTERNAL, OUTPUT_ERROR, VoxmillError
-from pipeline.records import ShardSpec, TaskResult
+from pipeline.records import OPS, ShardSpec, TaskResult
 
 MODELS_METADATA_KEY = b"voxmill.models"
 SHARDS_DIR = "shards"
@@ -203,11 +203,12 @@ def merge_outputs(out_dir: Path, specs: list[ShardSpec], report_extra: dict[str,
 
     Writes `speech_tokens.parquet` (ops tokenize/extract), `utt_embeddings.parquet` and
     `spk_embeddings.parquet` (ops embed/extract), `errors.jsonl` and, last, `report.json`. Rows
-    follow the specs sorted by shard, then position; each (utt, op) counts once even if it appears
-    in more than one shard. A missing shard file is `VoxmillError("output_error")`.
+    follow the specs sorted by shard (ops within a shard in the order of `OPS`), then position; each
+    (utt, op) counts once even if it appears in more than one shard. A missing shard file is
+    `VoxmillError("output_error")`.
     """
     out_dir = Path(out_dir)
-    ordered = sorted(specs, key=lambda s: s.shard)
+    ordered = sorted(specs, key=_spec_order)
     merged = _Merged()
     for spec in ordered:
         path = shard_path(out_dir, spec.op, spec.shard)
@@ -220,6 +221,12 @@ def merge_outputs(out_dir: Path, specs: list[ShardSpec], report_extra: dict[str,
     report.update(report_extra)
     write_text(out_dir / REPORT_FILE, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
+
+
+def _spec_order(spec: ShardSpec) -> tuple[int, int, str]:
+    """Merge order: by shard, then ops in their canonical order (tokenize, embed, extract)."""
+    rank = OPS.index(spec.op) if spec.op in OPS else len(OPS)
+    return spec.shard, rank, spec.op
 
 
 def _merge_shard(merged: _Merged, spec: ShardSpec, path: Path, table: pa.Table) -> None:

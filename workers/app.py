@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from celery import Celery
-from kombu.entity import Queue
+from kombu.entity import Exchange, Queue
 
 from pipeline.settings import Settings
 from workers.keys import QUEUES
@@ -51,7 +51,7 @@ def create_app(settings: Settings) -> Celery:
         task_time_limit=settings.task_time_limit_s,
         task_soft_time_limit=max(1, settings.task_time_limit_s - 30),
         task_routes=TASK_ROUTES,
-        task_queues=[Queue(name, routing_key=name) for name in QUEUES],
+        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES],
         task_default_queue="tokenize",
         task_track_started=False,
         worker_proc_alive_timeout=settings.worker_proc_alive_timeout_s,

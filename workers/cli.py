@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -176,7 +177,6 @@ def extract(
     submits shards and waits for workers anywhere that can read the same paths.
     """
     from workers.driver import RunError, extract_corpus
-    from workers.progress import summary_table
 
     op_list = [op.strip() for op in ops.split(",") if op.strip()]
     bad = [op for op in op_list if op not in ("tokenize", "embed")]
@@ -206,19 +206,78 @@ def extract(
     except KeyboardInterrupt:
         err.print(f"interrupted; run the same command again to resume from {out}")
         raise typer.Exit(130) from None
-    out.mkdir(exist_ok=True)
-    Console().print(summary_table(report, str(out)))
-    if not quiet:
-        out_console = Console()
-        for name in (
-            "speech_tokens.parquet",
-            "utt_embeddings.parquet",
-            "spk_embeddings.parquet",
-            "errors.jsonl",
-            "report.json",
-        ):
-            if (out / name).exists():
-                out_console.print(f"  {out / name}")
+    print_outputs(out, report)
+
+
+@app.command("export-cosyvoice")
+def export_cosyvoice_command(
+    data_dir: Path = typer.Argument(..., help="Kaldi data dir (wav.scp, text, utt2spk)."),
+    features_dir: Path = typer.Argument(..., help="An `extract` output folder."),
+    out_dir: Path = typer.Argument(..., metavar="OUT", help="Where to write CosyVoice's parquet lists."),
+    utts_per_parquet: int = typer.Option(1000, "--utts-per-parquet", help="Utterances per parquet file."),
+) -> None:
+    """Write CosyVoice training parquet files (as tools/make_parquet_list.py does) from extract outputs."""
+    from pipeline.errors import VoxmillError
+    from pipeline.export import export_cosyvoice
+
+    try:
+        written = export_cosyvoice(data_dir, features_dir, out_dir, utts_per_parquet)
+    except VoxmillError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from None
+    out.print(f"wrote {len(written)} parquet file(s); list: {out_dir / 'data.list'}")
+
+
+@app.command()
+def demo(
+    folder: Path = typer.Option(
+        Path("demo"), "--dir", help="Where to put the demo corpus, models and outputs."
+    ),
+    workers: int = typer.Option(0, "--workers", help="Local worker processes (default: one per core)."),
+) -> None:
+    """Generate a small demo corpus and tiny stand-in models, then run `extract` on it (embedded Redis)."""
+    from pipeline.demo import make_demo_corpus
+    from pipeline.standin import make_standins
+    from workers.driver import RunError, extract_corpus
+
+    settings = load_settings()
+    data_dir = make_demo_corpus(folder / "corpus")
+    make_standins(folder / "models", profile="tiny")
+    out_dir = folder / "out"
+    out.print(f"demo corpus: {data_dir} (Kaldi data dir: wav.scp, utt2spk, text)")
+    out.print(f"stand-in models (tiny, meaningless weights): {folder / 'models'}")
+    settings = settings.model_copy(update={"model_dir": folder / "models", "broker_url": None})
+    try:
+        report = extract_corpus(
+            settings,
+            data_dir,
+            out_dir,
+            ["tokenize", "embed"],
+            workers or os.cpu_count() or 1,
+            shard_size=4,
+        )
+    except RunError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    print_outputs(out_dir, report)
+    out.print("errors.jsonl names the broken clip; `make demo` again resumes (every shard is already done).")
+
+
+def print_outputs(out_dir: Path, report: dict[str, Any]) -> None:
+    """The summary of a run and its output files, one per line."""
+    from workers.progress import summary_line, summary_table
+
+    out.print(summary_table(report, str(out_dir)))
+    out.print(summary_line(report))
+    for name in (
+        "speech_tokens.parquet",
+        "utt_embeddings.parquet",
+        "spk_embeddings.parquet",
+        "errors.jsonl",
+        "report.json",
+    ):
+        if (out_dir / name).exists():
+            out.print(f"  {out_dir / name}")
 
 
 # --------------------------------------------------------------------------------- status

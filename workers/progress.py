@@ -92,8 +92,12 @@ def summary_table(report: dict[str, Any], out_dir: str) -> Table:
     table.add_column("failed", justify="right")
     for op, counts in report.get("ops", {}).items():
         table.add_row(op, str(counts.get("ok", 0)), str(counts.get("failed", 0)))
-    table.caption = (
+    return table
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """Utterances, hours of audio and wall time of a finished run."""
+    return (
         f"{report.get('utterances', 0)} utterances, {report.get('audio_seconds', 0.0) / 3600:.3f} h of audio "
         f"in {report.get('wall_seconds', 0.0):.1f} s"
     )
-    return table

@@ -25,6 +25,7 @@ from pipeline.settings import Settings
 from pipeline.writers import write_shard
 from workers.holder import ModelHolder, ModelUnavailable
 from workers.keys import QUEUES
+from workers.logs import setup_logging
 
 log = logging.getLogger("voxmill.tasks")
 MAX_RETRIES = 8
@@ -185,6 +186,15 @@ def queues_from_options(options: dict[str, Any], default: tuple[str, ...]) -> tu
     return tuple(q.strip() for q in queues if q.strip())
 
 
+def pool_name(pool_cls: Any) -> str:
+    """`prefork`, `solo` or `threads`, from Celery's pool option (a name or a class)."""
+    if pool_cls is None:
+        return "prefork"
+    text = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", str(pool_cls))
+    name = text.rsplit(".", 1)[-1].lower()
+    return {"thread": "threads"}.get(name, name)
+
+
 def register(app: Celery, settings: Settings) -> Runner:
     """Define voxmill's tasks on `app` and hook model loading into the worker's life."""
     runner = Runner(settings)
@@ -205,12 +215,18 @@ def register(app: Celery, settings: Settings) -> Runner:
     def shard(self: Task, payload: Any) -> dict[str, Any]:
         return runner.shard(self, payload)
 
+    install_worker_hooks(app, settings, runner)
+    return runner
+
+
+def install_worker_hooks(app: Celery, settings: Settings, runner: Runner) -> None:
+    """Load models after fork (prefork, solo) or at worker start (threads); log our way."""
+
     def on_init(sender: Any = None, instance: Any = None, options: Any = None, **_: Any) -> None:
         if instance is None or instance.app is not app:
             return
         opts = options or {}
-        pool = str(opts.get("pool_cls") or opts.get("pool") or "prefork")
-        runner.holder.configure(queues_from_options(opts, QUEUES), pool.rsplit(".", 1)[-1].lower())
+        runner.holder.configure(queues_from_options(opts, QUEUES), pool_name(opts.get("pool_cls")))
 
     def on_process_init(**_: Any) -> None:
         if runner.holder.roles:
@@ -223,8 +239,13 @@ def register(app: Celery, settings: Settings) -> Runner:
     def on_shutdown(**_: Any) -> None:
         runner.holder.stop()
 
+    def on_setup_logging(**_: Any) -> None:
+        setup_logging(settings.log_level, settings.log_format)
+        # Our own line per task replaces Celery's, which prints the whole result.
+        logging.getLogger("celery.app.trace").setLevel(logging.WARNING)
+
+    signals.setup_logging.connect(on_setup_logging, weak=False)
     signals.celeryd_init.connect(on_init, weak=False)
     signals.worker_process_init.connect(on_process_init, weak=False)
     signals.worker_init.connect(on_threads_worker_init, weak=False)
     signals.worker_process_shutdown.connect(on_shutdown, weak=False)
-    return runner

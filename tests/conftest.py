@@ -1,0 +1,146 @@
+"""Shared fixtures: a real Redis, tiny stand-in models, settings, and real worker processes.
+
+Redis: the server on 127.0.0.1:6379 when it answers (database 11, flushed around each use),
+else a private `redis-server` started here. Workers are real `celery worker` subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from pipeline.settings import Settings
+from pipeline.standin import make_standins
+from workers.embedded import EmbeddedRedis, LocalWorkers
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TEST_DB = 11
+
+
+def _system_redis_answers() -> bool:
+    try:
+        return bool(redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a real Redis database reserved for the tests."""
+    if _system_redis_answers():
+        yield f"redis://127.0.0.1:6379/{TEST_DB}"
+        return
+    server = EmbeddedRedis().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the tiny stand-in tokenizer and embedder (seed 0)."""
+    folder = tmp_path_factory.mktemp("models-tiny")
+    make_standins(folder, profile="tiny", seed=0)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def audio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder (an allowed root) holding copies of the reference WAV fixtures."""
+    folder = tmp_path_factory.mktemp("audio")
+    for wav in FIXTURES.glob("*.wav"):
+        shutil.copy(wav, folder / wav.name)
+    return folder
+
+
+def make_settings(redis_url: str, model_dir: Path, roots: list[Path], **overrides: object) -> Settings:
+    """Test settings: the test Redis, the given models and roots, fast reload checks."""
+    values: dict[str, object] = {
+        "broker_url": redis_url,
+        "model_dir": model_dir,
+        "allowed_roots": tuple(roots),
+        "worker_reload_check_s": 0.2,
+        "log_level": "INFO",
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+WorkerFactory = Callable[..., LocalWorkers]
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[WorkerFactory]:
+    """Start real worker processes; every one is stopped at teardown."""
+    started: list[LocalWorkers] = []
+
+    def start(
+        settings: Settings,
+        concurrency: int = 1,
+        queues: tuple[str, ...] = ("tokenize", "embed", "extract"),
+        pool: str = "prefork",
+        wait: bool = True,
+        timeout_s: float = 120.0,
+    ) -> LocalWorkers:
+        log = tmp_path / f"worker-{len(started)}.log"
+        workers = LocalWorkers(settings, concurrency, queues, pool=pool, log_path=log)
+        started.append(workers)
+        workers.start()
+        if wait:
+            try:
+                workers.wait_ready(timeout_s)
+            except Exception:
+                print(log.read_text(errors="replace")[-5000:])
+                raise
+        return workers
+
+    yield start
+    for workers in started:
+        workers.stop()
+
+
+def wait_for(check: Callable[[], object], timeout_s: float = 30.0, interval_s: float = 0.1) -> object:
+    """Poll until `check()` is truthy; fail the test otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+VOXMILL = str(Path(sys.executable).parent / "voxmill")
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment without any VOXMILL_* of the caller's, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXMILL_")}
+    return {**env, **(extra or {})}
+
+
+def voxmill(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120.0, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the `voxmill` command line as a user would."""
+    return subprocess.run(
+        [VOXMILL, *args], env=clean_env(env), capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )

@@ -1,0 +1,220 @@
+"""Queue layer end to end: real Redis, real worker processes, real (tiny stand-in) ONNX files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+from kombu import Connection, Exchange, Producer
+
+from pipeline.records import TaskResult
+from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
+from workers.client import Client
+from workers.status import worker_records
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def settings(redis_url: str, redis_client: redis.Redis, tiny_models: Path, audio_dir: Path, tmp_path: Path):
+    return make_settings(redis_url, tiny_models, [audio_dir, tmp_path])
+
+
+@pytest.fixture
+def worker(start_worker, settings):
+    return start_worker(settings, concurrency=2)
+
+
+@pytest.mark.parametrize("op", ["tokenize", "embed", "extract"])
+def test_round_trip_by_path_and_by_bytes(
+    op: str, worker, settings, audio_dir: Path, tiny_models: Path
+) -> None:
+    client = Client(settings)
+    wav = audio_dir / "speechlike_7p5s.wav"
+    by_path, by_bytes = client.run(op, [wav, wav.read_bytes()], timeout_s=60)
+    for result in (by_path, by_bytes):
+        assert result.error is None, result.error
+        assert result.audio_seconds == pytest.approx(7.5)
+        if op in ("tokenize", "extract"):
+            assert len(result.speech_token or []) == 188
+        if op in ("embed", "extract"):
+            assert len(result.embedding or []) == 192
+    assert by_path.speech_token == by_bytes.speech_token
+    assert by_path.embedding == by_bytes.embedding
+    if op in ("tokenize", "extract"):
+        assert by_path.models["tokenizer"]["sha256"] == sha256(tiny_models / "speech_tokenizer_v2.onnx")
+    if op in ("embed", "extract"):
+        assert by_path.models["embedder"]["sha256"] == sha256(tiny_models / "campplus.onnx")
+    assert set(by_path.timings_ms) >= {"decode"}
+
+
+def test_bad_inputs_come_back_as_codes_and_the_worker_keeps_serving(
+    worker, settings, audio_dir, tmp_path
+) -> None:
+    text = tmp_path / "notes.wav"
+    text.write_text("this is not audio\n" * 20)
+    short = tmp_path / "short.wav"
+    import numpy as np
+    import soundfile as sf
+
+    sf.write(short, np.full(160, 0.1, dtype=np.float32), 16000)
+    client = Client(settings)
+    results = client.run("embed", [text, short, tmp_path / "missing.wav", b"", audio_dir / "chirp_3s.wav"])
+    codes = [r.error["code"] if r.error else "ok" for r in results]
+    assert codes == ["unreadable", "too_short", "not_found", "empty", "ok"]
+    assert "at least 80 ms" in results[1].error["message"]
+
+
+def test_wrong_field_types_are_bad_request(worker, settings) -> None:
+    app = Client(settings).app
+    for payload in ({"path": 5}, {"audio": "not bytes"}, ["a list"], {"nothing": True}):
+        value = app.send_task("voxmill.embed", args=[payload], queue="embed").get(timeout=30)
+        assert TaskResult.from_dict(value).error["code"] == "bad_request"
+
+
+def test_paths_outside_the_allowed_roots_are_forbidden(worker, settings, audio_dir, tmp_path) -> None:
+    outside = Path("/tmp") / f"voxmill-outside-{os.getpid()}.wav"
+    outside.write_bytes((audio_dir / "chirp_3s.wav").read_bytes())
+    link = tmp_path / "escape.wav"
+    link.symlink_to(outside)
+    try:
+        dotdot = str(audio_dir / ".." / ".." / outside.relative_to("/"))
+        results = Client(settings).run("tokenize", [dotdot, outside, link, "/etc/passwd"])
+        assert [r.error["code"] for r in results] == ["forbidden_path"] * 4
+    finally:
+        outside.unlink()
+
+
+def test_pickle_and_unknown_content_types_are_refused(worker, settings, audio_dir) -> None:
+    with Connection(settings.broker_url) as conn:
+        producer = Producer(conn, exchange=Exchange("embed", type="direct"), routing_key="embed")
+        for serializer in ("pickle",):
+            producer.publish(
+                {"task": "voxmill.embed", "id": "pickled-1", "args": [{"path": "/etc/passwd"}], "kwargs": {}},
+                serializer=serializer,
+                headers={"task": "voxmill.embed", "id": f"{serializer}-1", "lang": "py"},
+                declare=[],
+            )
+        producer.publish(
+            b"\x00\x01garbage",
+            content_type="application/x-voxmill-unknown",
+            content_encoding="binary",
+            headers={"task": "voxmill.embed", "id": "unknown-1", "lang": "py"},
+        )
+    result = Client(settings).run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=30)[0]
+    assert result.error is None  # the worker survived both
+    log = wait_for(lambda: "pickle" in worker.log_path.read_text() and worker.log_path.read_text(), 10)
+    assert "untrusted content" in str(log) or "ContentDisallowed" in str(log)
+    assert worker.alive()
+
+
+def test_embed_only_worker_never_loads_the_tokenizer(start_worker, settings, redis_client, audio_dir) -> None:
+    workers = start_worker(settings, concurrency=1, queues=("embed",))
+    client = Client(settings)
+    tokenize_job = client.submit("tokenize", audio_dir / "chirp_3s.wav")
+    assert client.run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=30)[0].error is None
+    records = [r for r in worker_records(redis_client) if r["ppid"] == workers.process.pid]
+    assert records and all(set(r["models"]) == {"embedder"} for r in records)
+    assert redis_client.llen("tokenize") == 1
+    assert not tokenize_job.result.ready()
+
+
+def test_celery_inspect_ping_sees_the_worker(worker, settings) -> None:
+    env = clean_env(settings.to_env())
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "workers.app", "inspect", "ping", "--timeout", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pong" in done.stdout
+
+
+def test_submit_command_prints_contract_json_and_exit_codes(worker, settings, audio_dir, tmp_path) -> None:
+    env = settings.to_env()
+    good = voxmill("submit", "extract", str(audio_dir / "chirp_3s.wav"), "--json", env=env)
+    assert good.returncode == 0, good.stderr
+    row = json.loads(good.stdout.strip())
+    assert set(row) >= {"input", "op", "speech_token", "embedding", "audio_seconds", "models", "error"}
+    assert (
+        row["error"] is None
+        and len(row["speech_token"]) == 75
+        and set(row["models"]) == {"tokenizer", "embedder"}
+    )
+    mixed = voxmill(
+        "submit", "tokenize", str(audio_dir / "chirp_3s.wav"), str(tmp_path / "nope.wav"), "--json", env=env
+    )
+    assert mixed.returncode == 1
+    rows = [json.loads(line) for line in mixed.stdout.splitlines()]
+    assert sorted(r["error"]["code"] if r["error"] else "ok" for r in rows) == ["not_found", "ok"]
+
+
+def test_submit_without_broker_says_what_to_set() -> None:
+    done = voxmill("submit", "tokenize", "a.wav")
+    assert done.returncode == 2
+    assert "VOXMILL_BROKER_URL" in done.stderr and "voxmill up" in done.stderr
+
+
+def test_worker_without_broker_says_what_to_set() -> None:
+    done = voxmill("worker")
+    assert done.returncode == 2
+    assert "VOXMILL_BROKER_URL" in done.stderr
+
+
+def test_worker_with_a_slow_loading_model_still_comes_up(
+    start_worker, redis_url, redis_client, tmp_path, audio_dir
+) -> None:
+    """Warm-up takes longer than Celery's default 4 s proc-alive timeout; the pool must not kill it."""
+    from pipeline.standin import make_embedder_model, write_model
+
+    models = tmp_path / "models"
+    models.mkdir()
+    write_model(make_embedder_model("full"), models / "campplus.onnx")
+    slow = make_settings(redis_url, models, [audio_dir], warmup_runs=250)
+    workers = start_worker(slow, concurrency=1, queues=("embed",), timeout_s=180)
+    record = next(r for r in worker_records(redis_client) if r["ppid"] == workers.process.pid)
+    assert record["models"]["embedder"]["load_s"] < 60
+    result = Client(slow).run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=60)[0]
+    assert result.error is None
+    log = workers.log_path.read_text()
+    assert "Timed out waiting for UP message" not in log
+
+
+def test_voxmill_up_serves_and_stops_cleanly(tiny_models: Path, audio_dir: Path, tmp_path: Path) -> None:
+    env = clean_env({"VOXMILL_MODEL_DIR": str(tiny_models), "VOXMILL_ALLOWED_ROOTS": str(audio_dir)})
+    proc = subprocess.Popen(
+        [VOXMILL, "up", "--workers", "1", "--no-watch"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        url = None
+        while url is None:
+            line = proc.stdout.readline()
+            assert line, "voxmill up exited early:\n" + "".join(lines)
+            lines.append(line)
+            if "export VOXMILL_BROKER_URL=" in line:
+                url = line.split("=", 1)[1].strip()
+        done = voxmill(
+            "submit", "embed", str(audio_dir / "chirp_3s.wav"), "--json", env={"VOXMILL_BROKER_URL": url}
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        proc.send_signal(2)
+        proc.wait(timeout=60)
+    leftover = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", "processes left behind: " + leftover.stdout

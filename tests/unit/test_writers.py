@@ -1,0 +1,279 @@
+"""Shard files (atomic, typed) and the merged outputs of `extract`."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import writers
+from pipeline.errors import OUTPUT_ERROR, VoxmillError
+from pipeline.records import ShardSpec, TaskResult, Utterance
+from pipeline.writers import merge_outputs, read_shard, shard_counts, shard_path, write_shard
+
+TOK = {"tokenizer": {"file": "speech_tokenizer_v2.onnx", "sha256": "a" * 64}}
+EMB = {"embedder": {"file": "campplus.onnx", "sha256": "b" * 64}}
+
+
+def _utt(name: str, spk: str) -> Utterance:
+    return Utterance(utt=name, path=f"/d/{name}.wav", spk=spk)
+
+
+def _ok(op: str, utt: str, seconds: float = 1.5) -> TaskResult:
+    seed = sum(map(ord, utt))
+    tokens = [seed % 4096, (seed * 7) % 4096, 6560] if op in ("tokenize", "extract") else None
+    embedding = [float(seed % 10) / 8, -0.25, 1e-3] if op in ("embed", "extract") else None
+    models = {**(TOK if tokens else {}), **(EMB if embedding else {})}
+    return TaskResult(
+        input=utt, op=op, speech_token=tokens, embedding=embedding, audio_seconds=seconds, models=models
+    )
+
+
+def _failed(op: str, utt: str, code: str = "unreadable") -> TaskResult:
+    return TaskResult(input=utt, op=op, error={"code": code, "message": f"{utt} is broken"})
+
+
+def _temp_files(folder: Path) -> list[str]:
+    return [p.name for p in folder.rglob(".*tmp*")] if folder.exists() else []
+
+
+# --------------------------------------------------------------------------- shards
+
+
+def test_shard_path_layout(tmp_path: Path) -> None:
+    assert shard_path(tmp_path, "embed", 12) == tmp_path / "shards" / "embed-000012.parquet"
+
+
+def test_write_shard_types_rows_and_metadata(tmp_path: Path) -> None:
+    utts = [_utt("a", "s1"), _utt("b", "s2"), _utt("c", "s1")]
+    spec = ShardSpec(shard=3, op="tokenize", out_dir=str(tmp_path), utts=utts)
+    path = write_shard(
+        tmp_path, spec, [_ok("tokenize", "a"), _failed("tokenize", "b"), _ok("tokenize", "c", 2.0)]
+    )
+    assert path == tmp_path / "shards" / "tokenize-000003.parquet"
+    assert _temp_files(tmp_path) == []
+    table = read_shard(path)
+    assert table.schema.field("utt").type == pa.string()
+    assert table.schema.field("spk").type == pa.string()
+    assert table.schema.field("audio_seconds").type == pa.float64()
+    assert table.schema.field("speech_token").type == pa.list_(pa.int32())
+    assert table.schema.field("embedding").type == pa.list_(pa.float32())
+    assert table.schema.field("error_code").type == pa.string()
+    assert table.schema.field("error_message").type == pa.string()
+    rows = table.to_pylist()
+    assert [r["utt"] for r in rows] == ["a", "b", "c"]
+    assert [r["spk"] for r in rows] == ["s1", "s2", "s1"]
+    assert [r["audio_seconds"] for r in rows] == [1.5, None, 2.0]
+    assert rows[0]["speech_token"] == _ok("tokenize", "a").speech_token
+    assert rows[1]["speech_token"] is None and rows[0]["embedding"] is None
+    assert [r["error_code"] for r in rows] == [None, "unreadable", None]
+    assert rows[1]["error_message"] == "b is broken" and rows[0]["error_message"] is None
+    assert json.loads(table.schema.metadata[b"voxmill.models"]) == TOK
+    assert shard_counts(path) == (2, 1)
+
+
+def test_write_shard_embed_rows_are_float32(tmp_path: Path) -> None:
+    spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
+    table = read_shard(write_shard(tmp_path, spec, [_ok("embed", "a")]))
+    assert table.column("embedding").to_pylist()[0] == pytest.approx(_ok("embed", "a").embedding)
+    assert table.column("embedding").type.value_type == pa.float32()
+    assert table.column("speech_token").to_pylist() == [None]
+
+
+def test_write_shard_overwrites_a_redelivered_shard(tmp_path: Path) -> None:
+    spec = ShardSpec(shard=0, op="tokenize", out_dir=str(tmp_path), utts=[_utt("a", "s")])
+    write_shard(tmp_path, spec, [_failed("tokenize", "a")])
+    path = write_shard(tmp_path, spec, [_ok("tokenize", "a")])
+    assert shard_counts(path) == (1, 0)
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["tokenize-000000.parquet"]
+
+
+def test_write_shard_refuses_mismatched_results(tmp_path: Path) -> None:
+    spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s"), _utt("b", "s")])
+    with pytest.raises(VoxmillError):
+        write_shard(tmp_path, spec, [_ok("embed", "a")])
+
+
+def test_write_failure_on_disk_full_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(src: Any, dst: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writers.os, "replace", full)
+    spec = ShardSpec(shard=1, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
+    with pytest.raises(VoxmillError) as caught:
+        write_shard(tmp_path, spec, [_ok("embed", "a")])
+    assert caught.value.code == OUTPUT_ERROR
+    assert "No space left on device" in caught.value.message
+    assert "embed-000001.parquet" in caught.value.message
+    assert list((tmp_path / "shards").iterdir()) == []
+
+
+def test_write_failure_when_the_folder_cannot_exist(tmp_path: Path) -> None:
+    blocker = tmp_path / "out"
+    blocker.write_text("a file where the output folder should be")
+    spec = ShardSpec(shard=0, op="embed", out_dir=str(blocker), utts=[_utt("a", "s")])
+    with pytest.raises(VoxmillError) as caught:
+        write_shard(blocker, spec, [_ok("embed", "a")])
+    assert caught.value.code == OUTPUT_ERROR
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_write_failure_mid_write_removes_the_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(table: Any, where: Any, **kwargs: Any) -> None:
+        where.write(b"PAR1 partial")
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(writers.pq, "write_table", broken)
+    spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
+    with pytest.raises(VoxmillError) as caught:
+        write_shard(tmp_path, spec, [_ok("embed", "a")])
+    assert caught.value.code == OUTPUT_ERROR
+    assert list((tmp_path / "shards").iterdir()) == []
+
+
+def test_read_shard_missing_is_output_error(tmp_path: Path) -> None:
+    with pytest.raises(VoxmillError) as caught:
+        read_shard(tmp_path / "nope.parquet")
+    assert caught.value.code == OUTPUT_ERROR and "nope.parquet" in caught.value.message
+
+
+# --------------------------------------------------------------------------- merge
+
+
+def _run(tmp_path: Path, ops: tuple[str, ...] = ("tokenize", "embed")) -> list[ShardSpec]:
+    """Two shards over five utterances of two speakers; 'c' fails to embed, 'e' fails everything."""
+    shards = [[_utt("c", "s2"), _utt("a", "s1")], [_utt("b", "s1"), _utt("e", "s2"), _utt("d", "s2")]]
+    specs = []
+    for shard, utts in enumerate(shards):
+        for op in ops:
+            spec = ShardSpec(shard=shard, op=op, out_dir=str(tmp_path), utts=utts)
+            results = [
+                _failed(op, u.utt) if u.utt == "e" or (u.utt == "c" and op != "tokenize") else _ok(op, u.utt)
+                for u in utts
+            ]
+            write_shard(tmp_path, spec, results)
+            specs.append(spec)
+    return specs
+
+
+def test_merge_writes_typed_outputs_in_shard_order(tmp_path: Path) -> None:
+    specs = _run(tmp_path)
+    report = merge_outputs(tmp_path, specs[::-1], {"wall_seconds": 12.5, "fingerprint": "f"})
+    tokens = pq.read_table(tmp_path / "speech_tokens.parquet")
+    assert tokens.schema.names == ["utt", "speech_token"]
+    assert tokens.schema.field("utt").type == pa.string()
+    assert tokens.schema.field("speech_token").type == pa.list_(pa.int32())
+    assert tokens.column("utt").to_pylist() == ["c", "a", "b", "d"]
+    assert tokens.column("speech_token").to_pylist()[1] == _ok("tokenize", "a").speech_token
+
+    utt_emb = pq.read_table(tmp_path / "utt_embeddings.parquet")
+    assert utt_emb.schema.names == ["utt", "spk", "embedding"]
+    assert utt_emb.schema.field("embedding").type == pa.list_(pa.float32())
+    assert utt_emb.column("utt").to_pylist() == ["a", "b", "d"]
+    assert utt_emb.column("spk").to_pylist() == ["s1", "s1", "s2"]
+
+    spk_emb = pq.read_table(tmp_path / "spk_embeddings.parquet")
+    assert spk_emb.schema.names == ["spk", "embedding", "num_utts"]
+    assert spk_emb.schema.field("spk").type == pa.string()
+    assert spk_emb.schema.field("embedding").type == pa.list_(pa.float32())
+    assert spk_emb.schema.field("num_utts").type == pa.int64()
+    assert spk_emb.column("spk").to_pylist() == ["s1", "s2"]
+    assert spk_emb.column("num_utts").to_pylist() == [2, 1]
+    rows = {r["utt"]: np.array(r["embedding"], dtype=np.float32) for r in utt_emb.to_pylist()}
+    means = spk_emb.column("embedding").to_pylist()
+    np.testing.assert_allclose(means[0], (rows["a"] + rows["b"]) / 2, rtol=1e-6)
+    np.testing.assert_allclose(means[1], rows["d"], rtol=1e-6)
+
+    errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert errors == [
+        {"utt": "c", "op": "embed", "code": "unreadable", "message": "c is broken"},
+        {"utt": "e", "op": "tokenize", "code": "unreadable", "message": "e is broken"},
+        {"utt": "e", "op": "embed", "code": "unreadable", "message": "e is broken"},
+    ]
+
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk == report
+    assert report == {
+        "utterances": 5,
+        "audio_seconds": 6.0,
+        "wall_seconds": 12.5,
+        "ops": {"tokenize": {"ok": 4, "failed": 1}, "embed": {"ok": 3, "failed": 2}},
+        "models": {**TOK, **EMB},
+        "fingerprint": "f",
+    }
+    assert _temp_files(tmp_path) == []
+
+
+def test_merge_only_writes_the_outputs_of_the_ops_that_ran(tmp_path: Path) -> None:
+    report = merge_outputs(tmp_path, _run(tmp_path, ("embed",)), {})
+    assert not (tmp_path / "speech_tokens.parquet").exists()
+    assert (tmp_path / "utt_embeddings.parquet").exists() and (tmp_path / "spk_embeddings.parquet").exists()
+    assert list(report["ops"]) == ["embed"] and report["models"] == EMB
+    assert report["wall_seconds"] == 0.0
+
+
+def test_merge_extract_op_writes_tokens_and_embeddings(tmp_path: Path) -> None:
+    report = merge_outputs(tmp_path, _run(tmp_path, ("extract",)), {})
+    assert pq.read_table(tmp_path / "speech_tokens.parquet").num_rows == 3
+    assert pq.read_table(tmp_path / "utt_embeddings.parquet").num_rows == 3
+    assert report["ops"] == {"extract": {"ok": 3, "failed": 2}}
+
+
+def test_merge_counts_each_utt_once_per_op_even_when_shards_overlap(tmp_path: Path) -> None:
+    specs = _run(tmp_path, ("tokenize",))
+    # A stray duplicate: shard 2 repeats utt 'a' (already in shard 0) next to a new utt 'f'.
+    extra = ShardSpec(shard=2, op="tokenize", out_dir=str(tmp_path), utts=[_utt("a", "s1"), _utt("f", "s1")])
+    write_shard(tmp_path, extra, [_ok("tokenize", "a"), _ok("tokenize", "f")])
+    report = merge_outputs(tmp_path, [*specs, extra, specs[0]], {})
+    utts = pq.read_table(tmp_path / "speech_tokens.parquet").column("utt").to_pylist()
+    assert utts == ["c", "a", "b", "d", "f"]
+    assert report["utterances"] == 6
+    assert report["ops"]["tokenize"] == {"ok": 5, "failed": 1}
+
+
+def test_merge_missing_shard_is_output_error_naming_it(tmp_path: Path) -> None:
+    specs = _run(tmp_path, ("tokenize",))
+    shard_path(tmp_path, "tokenize", 1).unlink()
+    with pytest.raises(VoxmillError) as caught:
+        merge_outputs(tmp_path, specs, {})
+    assert caught.value.code == OUTPUT_ERROR
+    assert "tokenize-000001.parquet" in caught.value.message
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_merge_refuses_a_shard_file_from_another_plan(tmp_path: Path) -> None:
+    specs = _run(tmp_path, ("tokenize",))
+    stale = ShardSpec(shard=0, op="tokenize", out_dir=str(tmp_path), utts=[_utt("zz", "s9")])
+    with pytest.raises(VoxmillError) as caught:
+        merge_outputs(tmp_path, [stale, specs[1]], {})
+    assert caught.value.code == OUTPUT_ERROR and "'zz'" in caught.value.message
+
+
+def test_merge_reports_mixed_models_across_shards(tmp_path: Path) -> None:
+    utts = [_utt("a", "s"), _utt("b", "s"), _utt("c", "s")]
+    new = {"embedder": {"file": "campplus.onnx", "sha256": "c" * 64}}
+    specs = [ShardSpec(shard=i, op="embed", out_dir=str(tmp_path), utts=[u]) for i, u in enumerate(utts)]
+    write_shard(tmp_path, specs[0], [_ok("embed", "a")])
+    for spec in specs[1:]:
+        result = _ok("embed", spec.utts[0].utt)
+        write_shard(tmp_path, spec, [TaskResult(**{**result.to_dict(), "models": new})])
+    report = merge_outputs(tmp_path, specs, {})
+    assert report["models"] == new
+    assert report["models_mixed"]["embedder"][0] == {**new["embedder"], "shards": 2}
+
+
+def test_speaker_means_uses_float64_and_stores_float32() -> None:
+    table = writers.speaker_means([("s", [1.0, 2.0]), ("t", [0.5, 0.5]), ("s", [2.0, 5.0])])
+    assert table.to_pylist() == [
+        {"spk": "s", "embedding": [1.5, 3.5], "num_utts": 2},
+        {"spk": "t", "embedding": [0.5, 0.5], "num_utts": 1},
+    ]
