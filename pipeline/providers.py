@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.host import HostInfo
+
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
@@ -22,6 +24,11 @@ REQUIRED_LIBRARIES = {
     CUDA: ("cudart", "cublas", "cudnn"),
     TENSORRT: ("cudart", "cublas", "cudnn", "nvinfer"),
 }
+GPU_INSTALL_HINT = "pip install 'voxmill[gpu]' (onnxruntime-gpu) and remove the CPU-only onnxruntime"
+TENSORRT_INSTALL_HINT = (
+    "pip install 'voxmill[gpu]' (onnxruntime-gpu and tensorrt; or NVIDIA's libnvinfer packages) "
+    "on a machine with an NVIDIA GPU, and remove the CPU-only onnxruntime"
+)
 
 ProviderEntry = tuple[str, dict[str, str]]
 
@@ -101,6 +108,30 @@ def engine_cache_key(model_sha256: str, gpu_name: str, versions: dict[str, str],
     return f"{model_sha256[:12]}-{digest}"
 
 
+def engine_cache_dir(options: ProviderOptions, model_sha256: str, host: HostInfo) -> Path:
+    """Where TensorRT's engine and timing caches for this model on this GPU live.
+
+    `engine_cache_dir / engine_cache_key(...)`: a new model, GPU, library version or precision
+    gets a new folder, so an engine built elsewhere is never loaded by mistake.
+    """
+    key = engine_cache_key(model_sha256, host.gpu_name, host.versions, options.trt_fp16)
+    return options.engine_cache_dir / key
+
+
+def uses_tensorrt(requested: str, available: Sequence[str]) -> bool:
+    """Whether `requested` puts TensorRT first: `tensorrt` or `auto`, with TensorRT installed."""
+    return requested in ("tensorrt", "auto") and TENSORRT in available
+
+
+def tensorrt_unavailable_reason(available: Sequence[str]) -> str | None:
+    """Why TensorRT cannot serve here (and what to install), or None when this onnxruntime has it."""
+    if TENSORRT in available:
+        return None
+    return (
+        f"this onnxruntime has no {TENSORRT} (installed: {', '.join(available)}); {TENSORRT_INSTALL_HINT}"
+    )
+
+
 def missing_libraries(
     provider: str, find_library: Callable[[str], str | None] = ctypes.util.find_library
 ) -> list[str]:
@@ -148,7 +179,7 @@ def choose_providers(
 def fallback_warning(requested: str, wanted: str, serving: str, available: Sequence[str]) -> str:
     """One clear sentence: what was asked, why it cannot serve, what serves instead."""
     if wanted not in available:
-        hint = "pip install 'voxmill[gpu]' (onnxruntime-gpu) and remove the CPU-only onnxruntime"
+        hint = TENSORRT_INSTALL_HINT if wanted == TENSORRT else GPU_INSTALL_HINT
         reason = f"this onnxruntime has no {wanted} (installed: {', '.join(available)}); {hint}"
     else:
         missing = missing_libraries(wanted)

@@ -21,12 +21,15 @@ import numpy.typing as npt
 
 from pipeline import errors
 from pipeline.errors import VoxmillError
+from pipeline.host import HostInfo, detect_host
 from pipeline.providers import (
     ProviderChoice,
     ProviderOptions,
     ShapeProfile,
     choose_providers,
+    engine_cache_dir,
     session_fallback_warning,
+    uses_tensorrt,
 )
 from pipeline.records import ModelRef
 from pipeline.registry import Identified, Registry, RoleSpec, TensorSpec
@@ -139,6 +142,7 @@ class ModelSession:
         session: Any,
         choice: ProviderChoice,
         load_s: float,
+        engine_dir: Path | None = None,
     ) -> None:
         self.spec = spec
         self.identified = identified
@@ -147,6 +151,7 @@ class ModelSession:
         self.session = session
         self.choice = choice
         self.load_s = load_s
+        self.engine_dir = engine_dir
         self.input_names: list[str] = [i.name for i in session.get_inputs()]
         self.output_names: list[str] = [o.name for o in session.get_outputs()]
         self.active_providers: list[str] = list(session.get_providers())
@@ -174,9 +179,12 @@ class ModelSession:
         options: SessionOptions,
         registry: Registry,
         expected_sha256: str | None = None,
+        host: HostInfo | None = None,
     ) -> ModelSession:
         """Read `path` once, check its sha256 (when given) and signature, and build the session.
 
+        When TensorRT may serve, its engine cache is `engine_cache_dir/<key of model, GPU,
+        versions, precision>`; `host` (GPU name and versions) is detected when not given.
         Raises `VoxmillError(model_error)` for anything that makes the file unusable.
         """
         import onnxruntime as ort
@@ -192,12 +200,9 @@ class ModelSession:
                 "(the file changed while it was read)",
             )
         identified = registry.identify(role, path.name, sha256)
-        choice = choose_providers(
-            options.provider,
-            ort.get_available_providers(),
-            options.provider_options,
-            profile=_shape_profile(spec, data) if options.provider in ("tensorrt", "auto") else None,
-        )
+        choice, engine_dir = plan_providers(options, spec, data, sha256, ort.get_available_providers(), host)
+        if engine_dir is not None:
+            make_engine_dir(engine_dir)
         if choice.warning:
             log.warning("%s: %s", path.name, choice.warning)
         session = _build_session(ort, data, path, options, choice)
@@ -212,6 +217,7 @@ class ModelSession:
             session=session,
             choice=choice,
             load_s=time.perf_counter() - started,
+            engine_dir=engine_dir,
         )
         warning = session_fallback_warning(choice, loaded.active_providers)
         if warning:
@@ -262,7 +268,42 @@ class ModelSession:
             "load_s": round(self.load_s, 4),
             "first_run_ms": None if self.first_run_ms is None else round(self.first_run_ms, 3),
             "warm_latency_ms": None if self.warm_latency_ms is None else round(self.warm_latency_ms, 3),
+            "engine_dir": None if self.engine_dir is None else str(self.engine_dir),
         }
+
+
+def plan_providers(
+    options: SessionOptions,
+    spec: RoleSpec,
+    data: bytes,
+    sha256: str,
+    available: Sequence[str],
+    host: HostInfo | None = None,
+) -> tuple[ProviderChoice, Path | None]:
+    """The provider choice for one model, and its TensorRT engine cache folder when TensorRT may serve.
+
+    Only when TensorRT is installed and wanted are the GPU and versions detected (`host`, when
+    not given) and the registry's shape profile read from the model; a CPU load does neither.
+    """
+    provider_options = options.provider_options
+    if not uses_tensorrt(options.provider, available):
+        return choose_providers(options.provider, available, provider_options), None
+    host = host or detect_host(provider_options.device_id)
+    cache_dir = engine_cache_dir(provider_options, sha256, host)
+    profile = _shape_profile(spec, data)
+    return choose_providers(options.provider, available, provider_options, cache_dir, profile), cache_dir
+
+
+def make_engine_dir(path: Path) -> None:
+    """Create the engine cache folder; an unwritable one is a `model_error` that names the setting."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise VoxmillError(
+            errors.MODEL_ERROR,
+            f"cannot create the TensorRT engine cache folder {path}: {exc.strerror}; "
+            "point engine_cache_dir (VOXMILL_ENGINE_CACHE_DIR) at a writable folder",
+        ) from None
 
 
 def _build_session(ort: Any, data: bytes, path: Path, options: SessionOptions, choice: ProviderChoice) -> Any:

@@ -198,14 +198,19 @@ class _Merged:
     model_votes: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def merge_outputs(out_dir: Path, specs: list[ShardSpec], report_extra: dict[str, Any]) -> dict[str, Any]:
+def merge_outputs(
+    out_dir: Path,
+    specs: list[ShardSpec],
+    report_extra: dict[str, Any],
+    utt_order: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Merge the shard files of `specs` into the contract's outputs in `out_dir`; returns the report.
 
     Writes `speech_tokens.parquet` (ops tokenize/extract), `utt_embeddings.parquet` and
     `spk_embeddings.parquet` (ops embed/extract), `errors.jsonl` and, last, `report.json`. Rows
-    follow the specs sorted by shard (ops within a shard in the order of `OPS`), then position; each
-    (utt, op) counts once even if it appears in more than one shard. A missing shard file is
-    `VoxmillError("output_error")`.
+    follow `utt_order` (the corpus order) when given, else the specs sorted by shard (ops within a
+    shard in the order of `OPS`), then position; each (utt, op) counts once even if it appears in
+    more than one shard. A missing shard file is `VoxmillError("output_error")`.
     """
     out_dir = Path(out_dir)
     ordered = sorted(specs, key=_spec_order)
@@ -214,6 +219,8 @@ def merge_outputs(out_dir: Path, specs: list[ShardSpec], report_extra: dict[str,
         path = shard_path(out_dir, spec.op, spec.shard)
         _merge_shard(merged, spec, path, read_shard(path))
     ops = list(dict.fromkeys(spec.op for spec in ordered))
+    if utt_order is not None:
+        _reorder(merged, utt_order)
     _write_feature_files(out_dir, merged, ops)
     errors = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in merged.errors)
     write_text(out_dir / ERRORS_FILE, errors)
@@ -227,6 +234,19 @@ def _spec_order(spec: ShardSpec) -> tuple[int, int, str]:
     """Merge order: by shard, then ops in their canonical order (tokenize, embed, extract)."""
     rank = OPS.index(spec.op) if spec.op in OPS else len(OPS)
     return spec.shard, rank, spec.op
+
+
+def _reorder(merged: _Merged, utt_order: Sequence[str]) -> None:
+    """Put the merged rows (and errors) in corpus order; utts not in `utt_order` go last."""
+    rank = {utt: index for index, utt in enumerate(utt_order)}
+
+    def key(utt: str) -> int:
+        return rank.get(utt, len(rank))
+
+    merged.tokens = {u: merged.tokens[u] for u in sorted(merged.tokens, key=key)}
+    merged.embeddings = {u: merged.embeddings[u] for u in sorted(merged.embeddings, key=key)}
+    merged.errors.sort(key=lambda e: key(e["utt"]))
+    merged.utts = dict.fromkeys(sorted(merged.utts, key=key))
 
 
 def _merge_shard(merged: _Merged, spec: ShardSpec, path: Path, table: pa.Table) -> None:

@@ -22,8 +22,8 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="Inspect, verify and create model files.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
-err = Console(stderr=True)
-out = Console()
+err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
 
 
 def load_settings() -> Settings:

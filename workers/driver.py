@@ -63,6 +63,7 @@ class Plan:
     ops: list[str]
     shard_size: int
     specs: list[ShardSpec]
+    order: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +72,7 @@ class Plan:
             "input": self.source,
             "ops": self.ops,
             "shard_size": self.shard_size,
+            "order": self.order,
             "shards": [spec.to_dict() for spec in self.specs],
         }
 
@@ -82,6 +84,7 @@ class Plan:
             ops=list(data["ops"]),
             shard_size=int(data["shard_size"]),
             specs=[ShardSpec.from_dict(s) for s in data["shards"]],
+            order=list(data.get("order", [])),
         )
 
     def utterances(self) -> list[Utterance]:
@@ -126,7 +129,7 @@ def load_or_make_plan(
         return existing
     timed = probe_durations(utts, settings.audio_limits)
     specs = plan_shards(timed, ops, str(out_dir.resolve()), shard_size)
-    plan = Plan(fingerprint, str(source), list(ops), shard_size, specs)
+    plan = Plan(fingerprint, str(source), list(ops), shard_size, specs, [u.utt for u in utts])
     write_text(plan_file, json.dumps(plan.to_dict()))
     return plan
 
@@ -304,7 +307,7 @@ def run_corpus(
     extra = {"wall_seconds": round(time.monotonic() - started, 3), **(extra_report or {})}
     extra["resubmitted_shards"] = driver.ledger.resubmitted
     try:
-        return merge_outputs(out_dir, plan.specs, extra)
+        return merge_outputs(out_dir, plan.specs, extra, plan.order or None)
     except VoxmillError as exc:
         raise RunError(exc.message) from None
 

