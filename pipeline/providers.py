@@ -127,16 +127,13 @@ def tensorrt_unavailable_reason(available: Sequence[str]) -> str | None:
     """Why TensorRT cannot serve here (and what to install), or None when this onnxruntime has it."""
     if TENSORRT in available:
         return None
-    return (
-        f"this onnxruntime has no {TENSORRT} (installed: {', '.join(available)}); {TENSORRT_INSTALL_HINT}"
-    )
+    return f"this onnxruntime has no {TENSORRT} (installed: {', '.join(available)}); {TENSORRT_INSTALL_HINT}"
 
 
-def missing_libraries(
-    provider: str, find_library: Callable[[str], str | None] = ctypes.util.find_library
-) -> list[str]:
-    """The shared libraries `provider` needs that the loader cannot find."""
-    return [lib for lib in REQUIRED_LIBRARIES.get(provider, ()) if find_library(lib) is None]
+def missing_libraries(provider: str, find_library: Callable[[str], str | None] | None = None) -> list[str]:
+    """The shared libraries `provider` needs that the loader cannot find (`ctypes.util.find_library`)."""
+    find = find_library or ctypes.util.find_library
+    return [lib for lib in REQUIRED_LIBRARIES.get(provider, ()) if find(lib) is None]
 
 
 def choose_providers(

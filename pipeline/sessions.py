@@ -157,6 +157,7 @@ class ModelSession:
         self.active_providers: list[str] = list(session.get_providers())
         self.first_run_ms: float | None = None
         self.warm_latency_ms: float | None = None
+        self.warmup_s = 0.0
         self.warm = False
 
     @property
@@ -226,6 +227,7 @@ class ModelSession:
 
     def warm_up(self, inputs: Sequence[Array], runs: int) -> float:
         """Run `inputs` `runs` times (at least once) and check outputs are finite; the last latency (ms)."""
+        warmup_started = time.perf_counter()
         for index in range(max(1, runs)):
             started = time.perf_counter()
             outputs = self.run(inputs)
@@ -238,6 +240,7 @@ class ModelSession:
                     raise VoxmillError(
                         errors.MODEL_ERROR, f"{self.path.name} gives non-finite outputs on the warm-up clip"
                     )
+        self.warmup_s = time.perf_counter() - warmup_started
         self.warm = True
         return self.warm_latency_ms or 0.0
 
@@ -268,6 +271,7 @@ class ModelSession:
             "load_s": round(self.load_s, 4),
             "first_run_ms": None if self.first_run_ms is None else round(self.first_run_ms, 3),
             "warm_latency_ms": None if self.warm_latency_ms is None else round(self.warm_latency_ms, 3),
+            "warmup_s": round(self.warmup_s, 4),
             "engine_dir": None if self.engine_dir is None else str(self.engine_dir),
         }
 

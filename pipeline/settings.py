@@ -69,13 +69,16 @@ class Settings(BaseSettings):
     worker_proc_alive_timeout_s: float = 120.0
     worker_max_memory_per_child_kb: int = 0
     worker_reload_check_s: float = 1.0
-    reload_slots: int = 1
+    reload_slots: int = 0
+    reload_retry_max_s: float = 60.0
     # Corpus runs
     shard_size: int = 32
     shard_deadline_min_s: float = 60.0
     shard_deadline_factor: float = 4.0
     # Watcher
     watch_quiet_s: float = 1.0
+    watch_writing_max_s: float = 30.0
+    watch_validate_timeout_s: float = 600.0
     # Observability
     metrics_port: int | None = None
     log_format: Literal["text", "json"] = "text"

@@ -104,6 +104,24 @@ def up(
         cluster.stop()
 
 
+@app.command()
+def watch(
+    model_dir: Path | None = typer.Option(
+        None, "--model-dir", help="Model folder to watch (default: settings' model_dir)."
+    ),
+) -> None:
+    """Watch the model folder: validate each new model file, publish it; the workers swap to it."""
+    from workers.logs import setup_logging
+    from workers.watcher import serve
+
+    settings = load_settings()
+    require_broker(settings)
+    if model_dir is not None:
+        settings = settings.model_copy(update={"model_dir": model_dir})
+    setup_logging(settings.log_level, settings.log_format)
+    serve(settings)
+
+
 # --------------------------------------------------------------------------------- producing
 @app.command()
 def submit(
@@ -357,6 +375,34 @@ def models_verify(
     else:
         render_models(rows, out)
     raise typer.Exit(0 if rows and all(r.get("ok") for r in rows) else 1)
+
+
+@models_app.command("build-engine")
+def models_build_engine(
+    model_dir: Path = typer.Argument(..., help="Model folder whose models get TensorRT engines."),
+    fp16: bool | None = typer.Option(
+        None, "--fp16/--fp32", help="Engine precision (default: settings' trt_fp16, which workers use)."
+    ),
+) -> None:
+    """Build TensorRT engines ahead of time, into the cache workers on this kind of GPU will read."""
+    from rich.markup import escape
+
+    from pipeline.engines import build_engines, tensorrt_unavailable
+    from pipeline.errors import VoxmillError
+    from pipeline.sessions import SessionOptions
+    from workers.model_info import render_builds
+
+    settings = load_settings()
+    missing = tensorrt_unavailable()
+    if missing:
+        err.print(f"[red]error:[/red] TensorRT is not available: {escape(missing)}")
+        raise typer.Exit(2)
+    try:
+        builds = build_engines(model_dir, SessionOptions.from_settings(settings), fp16)
+    except VoxmillError as exc:
+        err.print(f"[red]error:[/red] {escape(exc.message)}")
+        raise typer.Exit(1) from None
+    render_builds(builds, out)
 
 
 def main() -> None:

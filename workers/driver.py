@@ -23,14 +23,13 @@ from typing import IO, Any
 
 import redis
 from celery import Celery
-from celery.result import AsyncResult
 
 from pipeline.corpus import plan_fingerprint, plan_shards, probe_durations, read_corpus
 from pipeline.errors import VoxmillError
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
 from pipeline.writers import merge_outputs, shard_counts, shard_path, write_text
-from workers import status
+from workers import keys, status
 from workers.progress import Counts, ProgressView
 
 log = logging.getLogger("voxmill.driver")
@@ -46,10 +45,10 @@ class RunError(Exception):
 
 @dataclass
 class InFlight:
-    """A submitted shard: its task, when it was sent and how many times."""
+    """A submitted shard: its task id, when it was sent and how many times."""
 
     spec: ShardSpec
-    result: AsyncResult
+    task_id: str
     submitted: float
     attempts: int = 1
 
@@ -216,33 +215,24 @@ class CorpusDriver:
         return max(4, 2 * workers)
 
     def _submit(self, spec: ShardSpec, attempts: int = 1) -> None:
-        result = self.app.send_task("voxmill.shard", args=[spec.to_dict()], queue=spec.op, serializer="json")
-        self.ledger.inflight[spec.name] = InFlight(spec, result, time.monotonic(), attempts)
+        sent = self.app.send_task(
+            "voxmill.shard", args=[spec.to_dict()], queue=spec.op, serializer="json", ignore_result=True
+        )
+        self.ledger.inflight[spec.name] = InFlight(spec, str(sent.id), time.monotonic(), attempts)
 
     def _collect(self) -> None:
-        for name, item in list(self.ledger.inflight.items()):
-            finished = self.ledger.file_of(item.spec).exists()
-            value = self._value(item) if (finished or item.result.ready()) else None
-            if value is not None and value.get("error"):
-                raise RunError(f"shard {name} failed: {value['error']['message']}")
-            if finished:
-                self._finish(name, item, value)
-            elif value is not None:  # reported done, yet no file: do it again
+        items = list(self.ledger.inflight.items())
+        if not items:
+            return
+        raw = self.redis.mget([keys.SHARD_RESULT.format(task_id=item.task_id) for _, item in items])
+        for (name, item), value in zip(items, raw, strict=True):
+            result = json.loads(value) if value else None
+            if result is not None and result.get("error"):
+                raise RunError(f"shard {name} failed: {result['error']['message']}")
+            if self.ledger.file_of(item.spec).exists():
+                self._finish(name, item, result)
+            elif result is not None:  # reported done, yet no file: do it again
                 self._resubmit(item)
-
-    def _value(self, item: InFlight) -> dict[str, Any] | None:
-        if not item.result.ready():
-            return None
-        try:
-            value = item.result.get(timeout=1.0, propagate=True)
-        except redis.RedisError:
-            raise
-        except Exception as exc:  # the task raised (e.g. no model after all retries)
-            raise RunError(
-                f"shard {item.spec.name} failed in the worker: {type(exc).__name__}: {exc}"
-            ) from exc
-        item.result.forget()
-        return value if isinstance(value, dict) else None
 
     def _finish(self, name: str, item: InFlight, value: dict[str, Any] | None) -> None:
         del self.ledger.inflight[name]
@@ -369,7 +359,7 @@ def extract_corpus(
             cluster.wait_ready()
             return run_corpus(create_app(local), local, plan, out_dir, quiet, extra, started)
         finally:
-            cluster.stop()
+            cluster.stop(timeout_s=5.0)  # shards are idempotent: no need to wait long for running ones
             embedded.stop()
     finally:
         lock.close()

@@ -210,11 +210,11 @@ class LocalWorkers:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """Warm shutdown (SIGTERM to the group), then SIGKILL whatever is left."""
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Warm shutdown (SIGTERM to the main process: running tasks finish), then SIGKILL the group."""
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout_s)
             with contextlib.suppress(ProcessLookupError):

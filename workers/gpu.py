@@ -1,4 +1,25 @@
-"""GPU-specific worker rules: never fork after CUDA is initialised."""
+"""GPU-specific worker rules: never fork after CUDA is initialised.
+
+ONNX Runtime's CUDA and TensorRT providers initialise CUDA in the process that builds the
+session, and a CUDA context does not survive `fork()`. A GPU worker therefore runs
+
+- `--pool solo`: one process, one session per GPU, one task at a time (the compose file's
+  `worker-gpu`); run one worker per GPU (`VOXMILL_CUDA_DEVICE_ID`, or one GPU reserved per
+  container); or
+- `--pool threads -c N`: N threads in one process sharing one session per role. ONNX Runtime's
+  `InferenceSession.run` is thread-safe, so N tasks run concurrently on the same GPU without a
+  second copy of the weights; N of 2-4 keeps the GPU busy while other threads decode audio.
+
+and never `prefork` (refused below, before Celery starts). The model holder loads sessions in
+the worker's main process for solo/threads pools, so nothing forks after CUDA is up.
+
+Hot reload on a GPU works as on CPU: the new session is built and warmed up *beside* the old
+one, then swapped between two tasks. The GPU must hold two copies of a model for that moment;
+`cuda_mem_limit_bytes` caps each session's CUDA arena, so two sessions may use up to twice
+that. With TensorRT, a new model (new sha256) needs a new engine: build it ahead of time with
+`voxmill models build-engine` (engines are keyed by sha256, not path) or the reload spends
+minutes building it in the background while the old model keeps serving.
+"""
 
 from __future__ import annotations
 

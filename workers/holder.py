@@ -3,11 +3,20 @@
 Life of a model in a worker (Triton's load -> warm up -> serve -> unload):
 1. `start()` runs after fork (or in the main process of a solo/threads worker): it loads and
    warms up the model of every role the worker's queues need, before the first task.
-2. Tasks use `serving(roles)`, which holds the swap lock for the duration of one task.
-3. A background thread heartbeats to Redis and watches the published generation of each role.
-   On a new sha256 it loads the file from this machine's model folder *beside* the current
-   session, checks the sha256 of the bytes it read against the published one, warms it up,
-   then swaps between two tasks and releases the old session. Any failure keeps the old one.
+2. Tasks use `serving(roles)`, which snapshots the sessions for the duration of one task.
+3. A reload thread wakes on every announcement on `keys.GENERATION_CHANNEL` (and, as a fallback,
+   every `worker_reload_check_s`) and compares the published sha256 of each role with its own.
+   On a difference it loads the file of this machine's model folder *beside* the current
+   session, checks that the sha256 of the bytes it read is the published one, warms it up and
+   swaps between two tasks; the old session is freed when the last task using it ends.
+   At most `reload_slots` processes per machine (default: half of those serving the role) load
+   a role at once (Redis locks): a loading process still serves, but its load competes for the
+   CPU, so half the machine keeps serving at full speed while the other half reloads.
+4. A failed reload keeps the old session and is reported in the heartbeat (`reload_failures`).
+   A file that cannot be the published one (missing, another size) waits until it changes;
+   any other failure (out of memory, say) is retried with backoff up to `reload_retry_max_s`.
+5. A heartbeat thread writes `describe()` to Redis (`keys.WORKER`, expiring), right away after
+   every swap or failure; `voxmill status` reads it.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -26,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.client import PubSub
 
 from pipeline.errors import VoxmillError
 from pipeline.extraction import open_session
@@ -33,11 +44,14 @@ from pipeline.records import ROLES_BY_OP
 from pipeline.registry import Registry
 from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.settings import Settings
-from workers import keys
+from workers import generations, keys
 
 log = logging.getLogger("voxmill.holder")
 HEARTBEAT_TTL_S = 15
-RELOAD_SLOT_TTL_S = 120
+HEARTBEAT_INTERVAL_S = 2.0
+RELOAD_SLOT_TTL_S = 300
+SLOT_RETRY_S = 0.1
+SLOT_COUNT_TTL_S = 10.0
 
 
 class ModelUnavailable(Exception):
@@ -59,8 +73,26 @@ class FileStamp:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+@dataclass(frozen=True)
+class ReloadFailure:
+    """Why this process did not load a published generation, and when it tries again."""
+
+    sha256: str
+    generation: int
+    stamp: FileStamp | None
+    reason: str
+    attempts: int
+    retry_at: float  # monotonic seconds; inf: when the file changes
+    time: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sha256": self.sha256,
+            "generation": self.generation,
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "time": round(self.time, 3),
+        }
 
 
 def roles_for_queues(queues: Sequence[str]) -> tuple[str, ...]:
@@ -86,16 +118,17 @@ class ModelHolder:
         self.sessions: dict[str, ModelSession] = {}
         self.generations: dict[str, int] = {}
         self.load_errors: dict[str, str] = {}
+        self.reload_failures: dict[str, ReloadFailure] = {}
         self.worker_id = ""
         self.started_at = 0.0
         self.tasks_done = 0
         self._recent: deque[float] = deque()
         self._swap_lock = threading.RLock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._redis: redis.Redis | None = None
-        self._rejected: dict[str, tuple[str, FileStamp | None]] = {}
         self._slot: str | None = None
+        self._slot_counts: dict[str, tuple[float, int]] = {}
 
     # -- set-up -----------------------------------------------------------------------------
     def configure(self, queues: Sequence[str], pool: str) -> None:
@@ -105,7 +138,7 @@ class ModelHolder:
         self.pool = pool
 
     def start(self) -> None:
-        """Load and warm up every needed model, then start the heartbeat/reload thread."""
+        """Load and warm up every needed model, then start the heartbeat and reload threads."""
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.started_at = time.time()
         self._redis = self._connect()
@@ -116,14 +149,17 @@ class ModelHolder:
             except VoxmillError as exc:
                 self.load_errors[role] = exc.message
                 log.error("worker %s could not load the %s model: %s", self.worker_id, role, exc.message)
-        self._thread = threading.Thread(target=self._watch_loop, name="voxmill-holder", daemon=True)
-        self._thread.start()
+        self._heartbeat_safely()
+        for name, target in (("heartbeat", self._heartbeat_loop), ("reload", self._reload_loop)):
+            thread = threading.Thread(target=target, name=f"voxmill-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def stop(self) -> None:
-        """Stop the background thread, drop the heartbeat and release every session."""
+        """Stop the background threads, drop the heartbeat and release every session."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
         with contextlib.suppress(redis.RedisError):
             if self._redis is not None:
                 self._redis.delete(keys.WORKER.format(worker_id=self.worker_id))
@@ -201,27 +237,24 @@ class ModelHolder:
                 for role, s in self.sessions.items()
             },
             "load_errors": dict(self.load_errors),
+            "reload_failures": {role: f.to_dict() for role, f in self.reload_failures.items()},
             "started_at": self.started_at,
             "last_seen": now,
             "tasks_done": self.tasks_done,
             "tasks_last_minute": len(self._recent),
         }
 
-    # -- background: heartbeat and reload ----------------------------------------------------
-    def _watch_loop(self) -> None:
-        backoff = 1.0
-        while not self._stop.wait(self.settings.worker_reload_check_s):
-            try:
-                self._heartbeat()
-                for role in self.roles:
-                    self._maybe_reload(role)
-                backoff = 1.0
-            except redis.RedisError as exc:
-                log.warning(
-                    "worker %s: Redis unavailable (%s); retrying in %.0f s", self.worker_id, exc, backoff
-                )
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+    # -- background: heartbeat ---------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        interval_s = min(self.settings.worker_reload_check_s, HEARTBEAT_INTERVAL_S)
+        while not self._stop.wait(interval_s):
+            self._heartbeat_safely()
+
+    def _heartbeat_safely(self) -> None:
+        try:
+            self._heartbeat()
+        except redis.RedisError as exc:
+            log.debug("worker %s: heartbeat failed: %s", self.worker_id, exc)
 
     def _heartbeat(self) -> None:
         if self._redis is None:
@@ -229,67 +262,176 @@ class ModelHolder:
         key = keys.WORKER.format(worker_id=self.worker_id)
         self._redis.set(key, json.dumps(self.describe()), ex=HEARTBEAT_TTL_S)
 
+    # -- background: reload -------------------------------------------------------------------
+    def _reload_loop(self) -> None:
+        """Check the published generations on every announcement, or every `worker_reload_check_s`."""
+        listener: PubSub | None = None
+        check_s = self.settings.worker_reload_check_s
+        backoff_s = 1.0
+        while not self._stop.is_set():
+            try:
+                if listener is None and self._redis is not None:
+                    listener = self._redis.pubsub(ignore_subscribe_messages=True)
+                    listener.subscribe(keys.GENERATION_CHANNEL)
+                waiting = self.check_generations()
+                self._wait_for_news(listener, SLOT_RETRY_S if waiting else check_s)
+                backoff_s = 1.0
+            except redis.RedisError as exc:
+                log.warning(
+                    "worker %s: Redis unavailable (%s); retrying in %.0f s", self.worker_id, exc, backoff_s
+                )
+                _closed(listener)
+                listener = None
+                self._stop.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, 30.0)
+        _closed(listener)
+
+    def _wait_for_news(self, listener: PubSub | None, timeout_s: float) -> None:
+        """Sleep until a generation is announced or `timeout_s` passed (or the holder stops)."""
+        if listener is None:
+            self._stop.wait(timeout_s)
+            return
+        message = listener.get_message(timeout=timeout_s)
+        while message is not None:  # several announcements: one check covers them all
+            message = listener.get_message(timeout=0)
+
+    def check_generations(self) -> bool:
+        """Reload every role whose published sha256 differs; True when one waits for a reload slot."""
+        waiting = False
+        for role in self.roles:
+            waiting = self._maybe_reload(role) or waiting
+        return waiting
+
     def _published(self, role: str) -> dict[str, str]:
         if self._redis is None:
             return {}
         try:
-            raw = self._redis.hgetall(keys.GENERATION.format(role=role))
+            return generations.published(self._redis, role)
         except redis.RedisError:
             return {}
-        return {_text(k): _text(v) for k, v in raw.items()}
 
-    def _maybe_reload(self, role: str) -> None:
+    def _maybe_reload(self, role: str) -> bool:
         published = self._published(role)
         sha256 = published.get("sha256")
+        if not sha256:
+            return False
+        generation = int(published.get("generation") or 0)
         current = self.sessions.get(role)
-        if not sha256 or (current is not None and current.sha256 == sha256):
-            return
-        path = self.registry.find_model(role, self.settings.model_dir)
-        stamp = FileStamp.of(path)
-        if self._rejected.get(role) == (sha256, stamp):
-            return  # same file that failed for this generation; wait for a change
+        if current is not None and current.sha256 == sha256:
+            self.generations[role] = generation
+            self.reload_failures.pop(role, None)
+            return False
+        path, stamp = self._local_file(role)
+        if not self._retry_due(role, sha256, stamp):
+            return False
+        problem = _local_mismatch(path, stamp, published)
+        if problem:
+            self._fail(role, sha256, generation, stamp, problem, wait_for_change=True)
+            return False
+        assert path is not None
         if not self._take_reload_slot(role):
-            return
+            return True
         try:
             candidate = open_session(path, role, self.options, self.registry, expected_sha256=sha256)
-        except VoxmillError as exc:
-            self._rejected[role] = (sha256, stamp)
-            log.warning(
-                "worker %s keeps its %s model: new generation not loaded: %s",
-                self.worker_id,
-                role,
-                exc.message,
-            )
-            return
+        except Exception as exc:  # out of memory, a bad file, a provider error: keep the old session
+            reason = exc.message if isinstance(exc, VoxmillError) else f"{type(exc).__name__}: {exc}"
+            self._fail(role, sha256, generation, stamp, reason)
+            return False
         finally:
             self._release_reload_slot(role)
-        self._swap(role, candidate, int(published.get("generation", 0)))
+        self._swap(role, candidate, generation)
+        return False
+
+    def _local_file(self, role: str) -> tuple[Path | None, FileStamp | None]:
+        try:
+            path = self.registry.find_model(role, self.settings.model_dir)
+            return path, FileStamp.of(path)
+        except (VoxmillError, OSError):
+            return None, None
+
+    def _retry_due(self, role: str, sha256: str, stamp: FileStamp | None) -> bool:
+        """Load now unless the same file already failed for this generation and its retry is not due."""
+        failure = self.reload_failures.get(role)
+        if failure is None or failure.sha256 != sha256 or failure.stamp != stamp:
+            return True
+        return time.monotonic() >= failure.retry_at
+
+    def _fail(
+        self,
+        role: str,
+        sha256: str,
+        generation: int,
+        stamp: FileStamp | None,
+        reason: str,
+        wait_for_change: bool = False,
+    ) -> None:
+        previous = self.reload_failures.get(role)
+        attempts = previous.attempts + 1 if previous is not None and previous.sha256 == sha256 else 1
+        delay_s = math.inf if wait_for_change else min(self.settings.reload_retry_max_s, 2.0**attempts)
+        self.reload_failures[role] = ReloadFailure(
+            sha256, generation, stamp, reason, attempts, time.monotonic() + delay_s, time.time()
+        )
+        then = "waiting for the file to change" if wait_for_change else f"retrying in {delay_s:.0f} s"
+        current = self.sessions.get(role)
+        log.warning(
+            "worker %s keeps its %s model (sha256 %s): generation %d (sha256 %s) not loaded: %s; %s",
+            self.worker_id,
+            role,
+            current.sha256[:12] if current else "none",
+            generation,
+            sha256[:12],
+            reason,
+            then,
+        )
+        self._heartbeat_safely()
 
     def _swap(self, role: str, candidate: ModelSession, generation: int) -> None:
+        """Make `candidate` the role's session between two tasks; the old one goes with its last task."""
         with self._swap_lock:
             old = self.sessions.get(role)
             self.sessions[role] = candidate
             self.generations[role] = generation
             self.load_errors.pop(role, None)
+            self.reload_failures.pop(role, None)
         log.info(
-            "worker %s now serves %s generation %d (sha256 %s, was %s)",
+            "worker %s now serves %s generation %d (sha256 %s, was %s), loaded in %.2f s",
             self.worker_id,
             role,
             generation,
             candidate.sha256[:12],
             old.sha256[:12] if old else "none",
+            candidate.load_s,
         )
+        # Tasks that started before the swap hold their own reference; ONNX Runtime frees the
+        # old session when the last of them ends.
+        del old
+        self._heartbeat_safely()
 
     def _take_reload_slot(self, role: str) -> bool:
         if self._redis is None:
             return True
         self._slot = None
-        for slot in range(max(1, self.settings.reload_slots)):
-            key = keys.RELOAD_SLOT.format(role=role, slot=slot)
+        for slot in range(self._slot_count(role)):
+            key = keys.RELOAD_SLOT.format(host=socket.gethostname(), role=role, slot=slot)
             if self._redis.set(key, self.worker_id, nx=True, ex=RELOAD_SLOT_TTL_S):
                 self._slot = key
                 return True
         return False
+
+    def _slot_count(self, role: str) -> int:
+        """`reload_slots`, or (0) half of this machine's live processes serving `role`, at least 1."""
+        if self.settings.reload_slots > 0 or self._redis is None:
+            return max(1, self.settings.reload_slots)
+        counted_at, count = self._slot_counts.get(role, (-math.inf, 1))
+        if time.monotonic() - counted_at > SLOT_COUNT_TTL_S:
+            pattern = keys.WORKER.format(worker_id=f"{socket.gethostname()}:*")
+            peers = 0
+            for key in self._redis.scan_iter(match=pattern, count=500):
+                raw = self._redis.get(key)
+                peers += 1 if raw and role in json.loads(raw).get("models", {}) else 0
+            count = max(1, peers // 2)
+            self._slot_counts[role] = (time.monotonic(), count)
+        return count
 
     def _release_reload_slot(self, role: str) -> None:
         if self._redis is not None and self._slot is not None:
@@ -297,3 +439,20 @@ class ModelHolder:
                 if self._redis.get(self._slot) == self.worker_id.encode():
                     self._redis.delete(self._slot)
         self._slot = None
+
+
+def _local_mismatch(path: Path | None, stamp: FileStamp | None, published: dict[str, str]) -> str:
+    """Why this machine's file cannot be the published one without reading it ('' when it may be)."""
+    if path is None or stamp is None:
+        return "this machine has no such model file"
+    size = published.get("size")
+    if size and int(size) != stamp.size:
+        return f"this machine's {path.name} has {stamp.size} bytes, the published file {size}"
+    return ""
+
+
+def _closed(listener: PubSub | None) -> None:
+    """Close a pub/sub connection, whatever state it is in."""
+    if listener is not None:
+        with contextlib.suppress(Exception):
+            listener.close()

@@ -17,5 +17,7 @@ WORKER = PREFIX + ":worker:{worker_id}"
 WORKER_PATTERN = PREFIX + ":worker:*"
 # Sorted set of completion times (score) of recent tasks, for throughput over the last minute.
 COMPLETIONS = PREFIX + ":completions"
-# Short-lived locks limiting how many processes reload a role at the same time.
-RELOAD_SLOT = PREFIX + ":reload-slot:{role}:{slot}"
+# A corpus shard task's result (a ShardResult as JSON), polled by the driver; expires.
+SHARD_RESULT = PREFIX + ":shard-result:{task_id}"
+# Short-lived locks limiting how many processes of one machine reload a role at the same time.
+RELOAD_SLOT = PREFIX + ":reload-slot:{host}:{role}:{slot}"

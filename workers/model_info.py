@@ -1,4 +1,4 @@
-"""`voxmill models list|verify`: what a model folder holds, and whether each file works."""
+"""`voxmill models list|verify|build-engine`: what a model folder holds, and whether each file works."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.engines import EngineBuild, installed_engine_status
 from pipeline.errors import VoxmillError
 from pipeline.extraction import open_session
 from pipeline.registry import Registry
@@ -49,6 +50,7 @@ def describe_file(
             session = open_session(path, role, options, registry)
             row.update(session.describe())
             session.close()
+            row["engine"] = installed_engine_status(sha256, options.provider_options).to_dict()
     except VoxmillError as exc:
         row.update(ok=False, error=exc.to_dict())
     return row
@@ -57,7 +59,9 @@ def describe_file(
 def render_models(rows: list[dict[str, Any]], console: Console) -> None:
     """A table of `describe_folder` rows."""
     table = Table()
-    for column in ("role", "file", "variant", "by", "sha256", "size", "load s", "warm ms", "status"):
+    columns = ["role", "file", "variant", "by", "sha256", "size", "load s", "warm ms", "status"]
+    with_engine = any("engine" in row for row in rows)
+    for column in [*columns, "TensorRT engine"] if with_engine else columns:
         table.add_column(column)
     for row in rows:
         status = (
@@ -66,7 +70,7 @@ def render_models(rows: list[dict[str, Any]], console: Console) -> None:
             else f"[red]{row.get('error', {}).get('message', 'failed')}[/red]"
         )
         size = f"{row['size'] / 1e6:.1f} MB" if row.get("size") is not None else ""
-        table.add_row(
+        cells = [
             row["role"],
             row.get("file") or "-",
             row.get("variant", ""),
@@ -76,5 +80,19 @@ def render_models(rows: list[dict[str, Any]], console: Console) -> None:
             f"{row['load_s']:.2f}" if row.get("load_s") is not None else "",
             f"{row['warm_latency_ms']:.1f}" if row.get("warm_latency_ms") is not None else "",
             status,
-        )
+        ]
+        if with_engine:
+            cells.append(row.get("engine", {}).get("detail", ""))
+        table.add_row(*cells)
     console.print(table)
+
+
+def render_builds(builds: list[EngineBuild], console: Console) -> None:
+    """Where each engine went and how long it took."""
+    for build in builds:
+        precision = "fp16" if build.fp16 else "fp32"
+        shapes = ", ".join(f"{level} {ms:.0f} ms" for level, ms in build.run_ms.items())
+        head = f"{build.role:9s} {build.file} ({build.sha256[:12]}, {precision})"
+        console.print(f"{head}: built in {build.build_s:.1f} s")
+        console.print(f"          engine: {build.engine_dir} ({', '.join(build.engine_files)})")
+        console.print(f"          runs at the profile shapes: {shapes}")

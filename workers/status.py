@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from pipeline.records import ROLES
-from workers import keys
+from workers import generations, keys
 from workers.keys import QUEUES
 
 STATUS_VERSION = 1
@@ -36,29 +36,25 @@ def count_ready_workers(client: redis.Redis, parent_pid: int | None = None) -> i
     return count
 
 
-def _decoded(raw: dict[Any, Any]) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in raw.items()}
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def model_status(client: redis.Redis, workers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per role: the published generation, the last rejection, and which workers serve which sha256."""
+    """Per role: the published generation, the last rejection, which workers serve which sha256,
+    and the workers that failed to load the published generation (with their reason)."""
     models: dict[str, Any] = {}
     for role in ROLES:
-        generation = _decoded(client.hgetall(keys.GENERATION.format(role=role)))
-        rejection = _decoded(client.hgetall(keys.REJECTION.format(role=role)))
         serving: dict[str, list[str]] = {}
+        failures: dict[str, Any] = {}
         for worker in workers:
             model = worker.get("models", {}).get(role)
             if model:
                 serving.setdefault(model["sha256"], []).append(worker["worker_id"])
+            failure = worker.get("reload_failures", {}).get(role)
+            if failure:
+                failures[worker["worker_id"]] = failure
         models[role] = {
-            "published": generation or None,
-            "last_rejection": rejection or None,
+            "published": generations.published(client, role) or None,
+            "last_rejection": generations.last_rejection(client, role) or None,
             "serving": serving,
+            "reload_failures": failures,
         }
     return models
 

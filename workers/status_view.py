@@ -6,11 +6,21 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
 def _short(sha: str | None) -> str:
     return (sha or "")[:12]
+
+
+def _rejection(rejection: dict[str, Any] | None) -> str:
+    """'file (sha256 prefix), N s ago: reason' of a role's last rejected candidate."""
+    if not rejection:
+        return ""
+    age_s = time.time() - float(rejection.get("time") or 0.0)
+    head = f"{rejection.get('file', '')} ({_short(rejection.get('sha256'))}), {age_s:.0f} s ago"
+    return escape(f"{head}: {rejection.get('reason', '')}")
 
 
 def render_status(report: dict[str, Any], console: Console) -> None:
@@ -30,7 +40,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
     for w in report["workers"]:
         models = ", ".join(f"{role}={_short(m.get('sha256'))}" for role, m in w.get("models", {}).items())
         if w.get("load_errors"):
-            models += " [red](" + "; ".join(w["load_errors"].values()) + ")[/red]"
+            models += " [red](" + escape("; ".join(w["load_errors"].values())) + ")[/red]"
         workers.add_row(
             w["worker_id"],
             ",".join(w.get("queues", [])),
@@ -43,18 +53,20 @@ def render_status(report: dict[str, Any], console: Console) -> None:
     console.print(workers)
 
     model_table = Table(title="models")
-    for column in ("role", "published", "generation", "served by", "last rejection"):
+    for column in ("role", "published", "generation", "served by", "last rejection", "reload failures"):
         model_table.add_column(column)
     for role, info in report["models"].items():
         published = info.get("published") or {}
-        rejection = info.get("last_rejection") or {}
         serving = "; ".join(f"{_short(sha)}: {len(ids)} proc" for sha, ids in info.get("serving", {}).items())
+        failed = info.get("reload_failures", {})
+        failures = escape("; ".join(f"{worker_id}: {f['reason']}" for worker_id, f in failed.items()))
         model_table.add_row(
             role,
             _short(published.get("sha256")),
             str(published.get("generation", "")),
             serving,
-            rejection.get("reason", ""),
+            _rejection(info.get("last_rejection")),
+            failures,
         )
     console.print(model_table)
     throughput = report["throughput"]

@@ -9,11 +9,13 @@ load that a later generation may fix) is retried, with bounded backoff.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery, Task, signals
 
 from pipeline import errors
@@ -23,6 +25,7 @@ from pipeline.paths import resolve_allowed_path
 from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult
 from pipeline.settings import Settings
 from pipeline.writers import write_shard
+from workers import keys
 from workers.holder import ModelHolder, ModelUnavailable
 from workers.keys import QUEUES
 from workers.logs import setup_logging
@@ -74,6 +77,19 @@ class Runner:
         self.limits = settings.audio_limits
         self.roots = settings.roots()
         self.holder = ModelHolder(settings)
+        self._redis: redis.Redis | None = None
+
+    def report_shard(self, task_id: str, result: dict[str, Any]) -> None:
+        """Put a shard's result where the corpus driver polls for it (the shard file is the truth)."""
+        if not self.settings.broker_url:
+            return
+        if self._redis is None:  # created in the pool process, after fork
+            self._redis = redis.Redis.from_url(self.settings.broker_url, socket_timeout=5)
+        try:
+            key = keys.SHARD_RESULT.format(task_id=task_id)
+            self._redis.set(key, json.dumps(result), ex=self.settings.result_expires_s)
+        except redis.RedisError as exc:
+            log.warning("could not report shard result %s: %s", task_id, exc)
 
     def single(self, task: Task, op: str, job: Any) -> dict[str, Any]:
         """One audio, one op: the contract's result object."""
@@ -92,7 +108,12 @@ class Runner:
         return result.to_dict()
 
     def shard(self, task: Task, payload: Any) -> dict[str, Any]:
-        """A corpus shard: process each utterance, write the shard file, return counts."""
+        """A corpus shard: process each utterance, write the shard file, report its counts."""
+        result = self._shard(task, payload)
+        self.report_shard(str(task.request.id), result)
+        return result
+
+    def _shard(self, task: Task, payload: Any) -> dict[str, Any]:
         started = time.perf_counter()
         try:
             spec = ShardSpec.from_dict(payload)
@@ -108,6 +129,8 @@ class Runner:
                 results = [self._utterance(u.utt, u.path, spec.op, sessions) for u in spec.utts]
                 models = {role: s.ref.to_dict() for role, s in sessions.items()}
         except ModelUnavailable as exc:
+            if task.request.retries >= MAX_RETRIES:
+                return failed_shard(payload, VoxmillError(errors.MODEL_ERROR, str(exc)))
             raise task.retry(
                 exc=exc, countdown=retry_countdown(task.request.retries), max_retries=MAX_RETRIES
             ) from exc
@@ -211,7 +234,7 @@ def register(app: Celery, settings: Settings) -> Runner:
     def extract(self: Task, job: Any) -> dict[str, Any]:
         return runner.single(self, "extract", job)
 
-    @app.task(name="voxmill.shard", bind=True)
+    @app.task(name="voxmill.shard", bind=True, ignore_result=True)
     def shard(self: Task, payload: Any) -> dict[str, Any]:
         return runner.shard(self, payload)
 
