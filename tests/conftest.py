@@ -23,6 +23,7 @@ from workers.embedded import EmbeddedRedis, LocalWorkers
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TEST_DB = 11
+LOCK_KEY = "voxmill-test-session"
 
 
 def _system_redis_answers() -> bool:
@@ -32,11 +33,24 @@ def _system_redis_answers() -> bool:
         return False
 
 
+def _claim_database() -> int:
+    """A database of the system Redis that no other test session holds (sessions may run at once)."""
+    for db in (TEST_DB, *range(1, 16)):
+        client = redis.Redis(host="127.0.0.1", port=6379, db=db)
+        if client.set(LOCK_KEY, os.getpid(), nx=True, ex=3600):
+            return db
+    raise RuntimeError("every Redis database is claimed by another test session")
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """URL of a real Redis database reserved for the tests."""
+    """URL of a real Redis database reserved for this test session."""
     if _system_redis_answers():
-        yield f"redis://127.0.0.1:6379/{TEST_DB}"
+        db = _claim_database()
+        try:
+            yield f"redis://127.0.0.1:6379/{db}"
+        finally:
+            redis.Redis(host="127.0.0.1", port=6379, db=db).flushdb()
         return
     server = EmbeddedRedis().start()
     try:
@@ -48,10 +62,18 @@ def redis_url() -> Iterator[str]:
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
-    client.flushdb()
+    flush_keeping_claim(client)
     yield client
-    client.flushdb()
+    flush_keeping_claim(client)
     client.close()
+
+
+def flush_keeping_claim(client: redis.Redis) -> None:
+    """Empty the test database but keep this session's claim on it."""
+    owner = client.get(LOCK_KEY)
+    client.flushdb()
+    if owner is not None:
+        client.set(LOCK_KEY, owner, ex=3600)
 
 
 @pytest.fixture(scope="session")
