@@ -1,26 +1,34 @@
 """The producer client: submit audio by path or by bytes, get contract results back as data.
 
-client = Client(settings)
-for result in client.as_completed(client.submit_many("tokenize", ["a.wav", "b.wav"]), timeout_s=60):
-    print(result.input, result.speech_token or result.error)
+    client = Client(settings)
+    for result in client.as_completed(client.submit_many("tokenize", ["a.wav", "b.wav"]), timeout_s=60):
+        print(result.input, result.speech_token or result.error)
+
+Results are polled in batches (one MGET per poll for all pending jobs) and deleted once read,
+so Redis does not keep them until they expire. A broker outage while waiting is ridden out with
+backoff until the deadline; what has not come back by then is a `timeout` error.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery
-from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
 
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
 
+log = logging.getLogger("voxmill.client")
 TIMEOUT_CODE = "timeout"
 TASK_NAMES = {op: f"voxmill.{op}" for op in OPS}
+POLL_BATCH = 500
 
 
 class BrokerNotConfigured(RuntimeError):
@@ -33,17 +41,13 @@ class BrokerNotConfigured(RuntimeError):
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
-    """One submitted input: its label, op and Celery result handle."""
+    """One submitted input: its label, op and task id."""
 
     label: str
     op: str
-    result: AsyncResult
-
-    @property
-    def id(self) -> str:
-        return str(self.result.id)
+    id: str
 
 
 class Client:
@@ -68,11 +72,13 @@ class Client:
             payload: dict[str, Any] = {"audio": bytes(audio), "name": label}
             serializer = "msgpack"
         else:
-            label = str(audio)
+            label = name or str(audio)
             payload = {"path": str(Path(audio).absolute())}
             serializer = "json"
-        result = self.app.send_task(TASK_NAMES[op], args=[payload], serializer=serializer, queue=op)
-        return Job(label=label, op=op, result=result)
+        sent = self.app.send_task(TASK_NAMES[op], args=[payload], serializer=serializer, queue=op)
+        # Results are polled in batches; drop Celery's per-task pub/sub subscription.
+        self.app.backend.remove_pending_result(sent)
+        return Job(label=label, op=op, id=str(sent.id))
 
     def submit_many(self, op: str, inputs: Iterable[str | Path | bytes]) -> list[Job]:
         """Queue many inputs; jobs come back in input order."""
@@ -82,56 +88,75 @@ class Client:
         self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = 0.02
     ) -> Iterator[TaskResult]:
         """Yield each result as it completes; jobs still pending at the deadline give a `timeout` error."""
-        pending = list(jobs)
+        for _, result in self.completed(jobs, timeout_s, poll_s):
+            yield result
+
+    def completed(
+        self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = 0.02
+    ) -> Iterator[tuple[Job, TaskResult]]:
+        """Like `as_completed`, with each result's job."""
+        pending = {job.id: job for job in jobs}
         deadline = time.monotonic() + timeout_s
+        backoff = poll_s
         while pending:
-            still = []
-            for job in pending:
-                if job.result.ready():
-                    yield self._result_of(job)
-                else:
-                    still.append(job)
-            pending = still
+            try:
+                ready = self._poll(list(pending.values()))
+                backoff = poll_s
+            except (redis.RedisError, OperationalError, OSError) as exc:
+                log.warning("broker unreachable while waiting for results (%s); retrying", exc)
+                ready = []
+                backoff = min(max(backoff * 2, 0.5), 5.0)
+            for job, result in ready:
+                del pending[job.id]
+                yield job, result
             if pending and time.monotonic() > deadline:
-                for job in pending:
-                    yield TaskResult(
-                        input=job.label,
-                        op=job.op,
-                        error={"code": TIMEOUT_CODE, "message": f"no result within {timeout_s:g} s"},
+                for job in pending.values():
+                    message = f"no result within {timeout_s:g} s"
+                    yield (
+                        job,
+                        TaskResult(
+                            input=job.label, op=job.op, error={"code": TIMEOUT_CODE, "message": message}
+                        ),
                     )
                 return
-            if pending:
-                time.sleep(poll_s)
+            if pending and not ready:
+                time.sleep(backoff)
 
     def run(
         self, op: str, inputs: Iterable[str | Path | bytes], timeout_s: float = 300.0
     ) -> list[TaskResult]:
         """Submit and wait; results in input order."""
-        jobs = self.submit_many(op, inputs)
-        by_id = {}
-        for job, result in zip(jobs, self._collect(jobs, timeout_s), strict=True):
-            by_id[job.id] = result
+        return self.wait_all(self.submit_many(op, inputs), timeout_s)
+
+    def wait_all(self, jobs: list[Job], timeout_s: float = 300.0) -> list[TaskResult]:
+        """Results of `jobs`, in the order of `jobs`."""
+        by_id = {job.id: result for job, result in self.completed(jobs, timeout_s)}
         return [by_id[job.id] for job in jobs]
 
-    def _collect(self, jobs: list[Job], timeout_s: float) -> list[TaskResult]:
-        order = {job.id: i for i, job in enumerate(jobs)}
-        results: list[TaskResult | None] = [None] * len(jobs)
-        labels = {job.label: job for job in jobs}
-        for result in self.as_completed(jobs, timeout_s):
-            job = labels.get(result.input)
-            index = order[job.id] if job is not None else results.index(None)
-            results[index] = result
-        return [r for r in results if r is not None]
+    def _poll(self, jobs: list[Job]) -> list[tuple[Job, TaskResult]]:
+        """One MGET per batch of pending jobs; ready results are decoded and deleted."""
+        backend = self.app.backend
+        ready: list[tuple[Job, TaskResult]] = []
+        for start in range(0, len(jobs), POLL_BATCH):
+            batch = jobs[start : start + POLL_BATCH]
+            keys = [backend.get_key_for_task(job.id) for job in batch]
+            done_keys = []
+            for job, key, raw in zip(batch, keys, backend.mget(keys), strict=True):
+                if raw is None:
+                    continue
+                meta = backend.decode_result(raw)
+                if meta.get("status") not in ("SUCCESS", "FAILURE", "REVOKED"):
+                    continue
+                ready.append((job, self._result_of(job, meta)))
+                done_keys.append(key)
+            if done_keys:
+                backend.client.delete(*done_keys)
+        return ready
 
-    def _result_of(self, job: Job) -> TaskResult:
-        try:
-            value = job.result.get(timeout=1.0, propagate=True)
-        except Exception as exc:  # the task raised: report it as data
-            return TaskResult(
-                input=job.label,
-                op=job.op,
-                error={"code": "internal", "message": f"{type(exc).__name__}: {exc}"},
-            )
-        finally:
-            job.result.forget()
-        return TaskResult.from_dict(value)
+    @staticmethod
+    def _result_of(job: Job, meta: dict[str, Any]) -> TaskResult:
+        value = meta.get("result")
+        if meta.get("status") == "SUCCESS" and isinstance(value, dict):
+            return TaskResult.from_dict(value)
+        message = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else str(value)
+        return TaskResult(input=job.label, op=job.op, error={"code": "internal", "message": message})

@@ -75,7 +75,7 @@ def embed_ok(settings: Settings, audio_dir: Path, n: int = 4) -> list[TaskResult
     """Run `n` embed jobs and check that all succeed."""
     client = Client(settings)
     jobs = [client.submit("embed", audio_dir / WAV) for _ in range(n)]
-    results = [TaskResult.from_dict(job.result.get(timeout=60)) for job in jobs]
+    results = client.wait_all(jobs, timeout_s=60)
     assert [r.error for r in results] == [None] * n
     return results
 
@@ -198,7 +198,8 @@ def test_swap_under_a_steady_stream_loses_no_job(
     print(f"\nfile landed -> last worker serving it: {settled - landed:.2f} s")
     submitter.join()
 
-    results = [(submitted, TaskResult.from_dict(job.result.get(timeout=60))) for submitted, job in jobs]
+    by_id = {job.id: result for job, result in client.completed([job for _, job in jobs], timeout_s=60)}
+    results = [(submitted, by_id[job.id]) for submitted, job in jobs]
     assert len(results) == 500
     assert [r.error for _, r in results if r.error] == []
     shas = [r.models["embedder"]["sha256"] for _, r in results]
