@@ -39,7 +39,6 @@ from typing import Any
 
 import redis
 
-from pipeline.records import TaskResult
 from pipeline.settings import PROJECT_ROOT, Settings
 from pipeline.standin import (
     EMBEDDER_FILE,
@@ -91,17 +90,13 @@ class Load:
     def _loop(self, client: Client) -> None:
         while not self.stop.is_set():
             submitted = time.monotonic()
-            completion = self._completion(submitted, client.submit(self.op, CLIP))
+            completion = self._completion(client, submitted, client.submit(self.op, CLIP))
             with self._lock:
                 self.done.append(completion)
 
-    def _completion(self, submitted: float, job: Job) -> Completion:
-        try:
-            result = TaskResult.from_dict(job.result.get(timeout=60))
-        except Exception as exc:  # a task that raised (or never finished) counts as a failed job
-            return Completion(submitted, time.monotonic(), "", f"{type(exc).__name__}: {exc}")
-        finally:
-            job.result.forget()
+    def _completion(self, client: Client, submitted: float, job: Job) -> Completion:
+        """Wait for `job` (polling every 5 ms); a task that raised or timed out is a failed job."""
+        _, result = next(client.completed([job], timeout_s=60, poll_s=0.005))
         finished = time.monotonic()
         error = None if result.error is None else f"{result.error['code']}: {result.error['message']}"
         return Completion(submitted, finished, result.models.get(self.role, {}).get("sha256", ""), error)

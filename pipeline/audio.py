@@ -21,6 +21,7 @@ import io
 import math
 import os
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,15 +105,31 @@ def probe_audio(source: Source, limits: AudioLimits) -> AudioInfo:
         return _probe(opened, limits)
 
 
-def load_audio(source: Source, limits: AudioLimits) -> Audio:
-    """Decode a path or bytes to float32 [N] mono at 16 kHz after every check (module docstring)."""
+def load_audio(source: Source, limits: AudioLimits, timings_ms: dict[str, float] | None = None) -> Audio:
+    """Decode a path or bytes to float32 [N] mono at 16 kHz after every check (module docstring).
+
+    With `timings_ms`, the milliseconds spent are added to its `decode` (open, header, decode,
+    checks, mixdown) and `resample` entries.
+    """
+    started = time.perf_counter()
     with _open_source(source, limits) as opened:
         info = _probe(opened, limits)
         decoded = _decode(opened, info, limits)
     _check_frames(decoded, info.sample_rate_hz, limits)
-    mono = resample(to_mono(decoded), info.sample_rate_hz)
-    _check_not_silent(mono)
-    return Audio(samples=mono, source_rate_hz=info.sample_rate_hz, channels=info.channels)
+    mono = to_mono(decoded)
+    decoded_at = time.perf_counter()
+    samples = resample(mono, info.sample_rate_hz)
+    resampled_at = time.perf_counter()
+    _check_not_silent(samples)
+    if timings_ms is not None:
+        _add_ms(timings_ms, "decode", started, decoded_at)
+        _add_ms(timings_ms, "resample", decoded_at, resampled_at)
+    return Audio(samples=samples, source_rate_hz=info.sample_rate_hz, channels=info.channels)
+
+
+def _add_ms(timings_ms: dict[str, float], stage: str, started: float, ended: float) -> None:
+    """Add the milliseconds between two `perf_counter` readings to `timings_ms[stage]`."""
+    timings_ms[stage] = round(timings_ms.get(stage, 0.0) + (ended - started) * 1000.0, 3)
 
 
 def to_mono(samples_2d: npt.NDArray[np.floating[Any]]) -> FloatArray:
@@ -266,7 +283,7 @@ def _probe_with_audioread(path: Path) -> AudioInfo | str:
     except audioread.NoBackendError:
         return "no other decoder (ffmpeg) could read it either"
     except Exception as exc:  # audioread backends raise a wide variety of errors
-        return f"audioread: {exc or type(exc).__name__}"
+        return f"audioread: {str(exc) or type(exc).__name__}"
     return AudioInfo(
         sample_rate_hz=rate,
         channels=channels,
@@ -365,7 +382,8 @@ def _decode_with_audioread(path: Path, channels: int, cap: int) -> FloatArray:
                 if size >= cap * frame_bytes:
                     break
     except Exception as exc:  # audioread backends raise a wide variety of errors
-        raise VoxmillError(UNREADABLE, f"{path} could not be decoded (audioread: {exc})") from exc
+        reason = str(exc) or type(exc).__name__
+        raise VoxmillError(UNREADABLE, f"{path} could not be decoded (audioread: {reason})") from exc
     raw = b"".join(chunks)
     usable = min(len(raw) // frame_bytes, cap) * frame_bytes
     pcm = np.frombuffer(raw[:usable], dtype="<i2").reshape(-1, channels)

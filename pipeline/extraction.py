@@ -33,6 +33,23 @@ WARMUP_SECONDS = 3.0
 FloatArray = npt.NDArray[np.float32]
 
 
+@dataclass
+class Timings:
+    """Milliseconds spent per stage of one request.
+
+    Stages partition the request's time: `decode` and `resample` (audio), `log_mel` and
+    `tokenize` (tokenizer features and inference), `fbank` and `embed` (embedder features and
+    inference).
+    """
+
+    stages: dict[str, float] = field(default_factory=dict)
+
+    def add(self, stage: str, started: float) -> float:
+        now = time.perf_counter()
+        self.stages[stage] = round(self.stages.get(stage, 0.0) + (now - started) * 1000.0, 3)
+        return now
+
+
 def window_starts(n_frames: int) -> list[int]:
     """Start frames of the 30 s windows covering `n_frames`; one window when it fits."""
     starts = [0]
@@ -62,23 +79,41 @@ def embedder_inputs(wave: FloatArray) -> list[npt.NDArray[Any]]:
     return [mean_normalized(kaldi_fbank(wave))[np.newaxis, :, :]]
 
 
-def tokenize(session: ModelSession, wave: FloatArray) -> list[int]:
-    """Speech tokens of a 16 kHz float32 wave (any length; windows beyond 30 s)."""
+def tokenize(session: ModelSession, wave: FloatArray, timings: Timings | None = None) -> list[int]:
+    """Speech tokens of a 16 kHz float32 wave (any length; windows beyond 30 s).
+
+    With `timings`, adds the features' time to `log_mel` and the model's to `tokenize`.
+    """
+    started = time.perf_counter()
     log_mel = np.ascontiguousarray(whisper_log_mel(wave, n_mels=128))
+    if timings is not None:
+        started = timings.add("log_mel", started)
     n_frames = log_mel.shape[1]
     windows = []
     for start in window_starts(n_frames):
         window = np.ascontiguousarray(log_mel[:, start : start + WINDOW_FRAMES])
         windows.append(session.run(tokenizer_inputs(window))[0].flatten().tolist())
-    if len(windows) == 1:
-        return [int(t) for t in windows[0]]
-    return [int(t) for t in merge_windows(windows, session.token_rate_hz)]
+    tokens = windows[0] if len(windows) == 1 else merge_windows(windows, session.token_rate_hz)
+    result = [int(t) for t in tokens]
+    if timings is not None:
+        timings.add("tokenize", started)
+    return result
 
 
-def embed(session: ModelSession, wave: FloatArray) -> FloatArray:
-    """Speaker embedding of a 16 kHz float32 wave: float32 [192]."""
-    output = session.run(embedder_inputs(wave))[0]
-    return np.asarray(output, dtype=np.float32).flatten()
+def embed(session: ModelSession, wave: FloatArray, timings: Timings | None = None) -> FloatArray:
+    """Speaker embedding of a 16 kHz float32 wave: float32 [192].
+
+    With `timings`, adds the features' time to `fbank` and the model's to `embed`.
+    """
+    started = time.perf_counter()
+    inputs = embedder_inputs(wave)
+    if timings is not None:
+        started = timings.add("fbank", started)
+    output = session.run(inputs)[0]
+    embedding = np.asarray(output, dtype=np.float32).flatten()
+    if timings is not None:
+        timings.add("embed", started)
+    return embedding
 
 
 def warmup_wave(seconds: float = WARMUP_SECONDS) -> FloatArray:
@@ -114,28 +149,13 @@ def open_session(
     return session
 
 
-@dataclass
-class Timings:
-    """Milliseconds spent per stage of one request."""
-
-    stages: dict[str, float] = field(default_factory=dict)
-
-    def add(self, stage: str, started: float) -> float:
-        now = time.perf_counter()
-        self.stages[stage] = round(self.stages.get(stage, 0.0) + (now - started) * 1000.0, 3)
-        return now
-
-
 def run_op(op: str, audio: Audio, sessions: Mapping[str, ModelSession], timings: Timings) -> dict[str, Any]:
     """Tokens and/or embedding of decoded audio for `op`; the result fields of `TaskResult`."""
     fields: dict[str, Any] = {}
-    started = time.perf_counter()
     if ROLE_TOKENIZER in ROLES_BY_OP[op]:
-        fields["speech_token"] = tokenize(sessions[ROLE_TOKENIZER], audio.samples)
-        started = timings.add("tokenize", started)
+        fields["speech_token"] = tokenize(sessions[ROLE_TOKENIZER], audio.samples, timings)
     if ROLE_EMBEDDER in ROLES_BY_OP[op]:
-        fields["embedding"] = embed(sessions[ROLE_EMBEDDER], audio.samples).tolist()
-        timings.add("embed", started)
+        fields["embedding"] = embed(sessions[ROLE_EMBEDDER], audio.samples, timings).tolist()
     return fields
 
 
@@ -152,9 +172,7 @@ def process(
     try:
         if op not in ROLES_BY_OP:
             raise VoxmillError(errors.BAD_REQUEST, f"unknown op {op!r}; use tokenize, embed or extract")
-        started = time.perf_counter()
-        audio = load_audio(source, limits)
-        timings.add("decode", started)
+        audio = load_audio(source, limits, timings.stages)
         fields = run_op(op, audio, sessions, timings)
     except VoxmillError as exc:
         return TaskResult(input=label, op=op, models=models, error=exc.to_dict(), timings_ms=timings.stages)

@@ -5,7 +5,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
+from celery.backends.redis import RedisBackend
 from kombu.entity import Exchange, Queue
 
 from pipeline.settings import Settings
@@ -19,15 +22,30 @@ TASK_ROUTES = {
 PLACEHOLDER_BROKER = "redis://voxmill-broker-not-configured.invalid:6379/0"
 
 
-def create_app(settings: Settings) -> Celery:
+class PolledRedisBackend(RedisBackend):  # type: ignore[misc]
+    """The Redis result backend for producers that poll results in batches (`workers.client`).
+
+    Celery's own backend subscribes to a pub/sub channel for every task sent, and a broker outage
+    leaves that subscription broken for good ("the Celery application must be restarted"). This
+    one reads the same result keys and never subscribes.
+    """
+
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        return None
+
+
+def create_app(settings: Settings, polled_results: bool = False) -> Celery:
     """A Celery app configured from `settings` with voxmill's tasks registered.
 
     Never pickle: JSON, and msgpack for raw audio bytes, are the only accepted content types.
     Nothing lost: late acks, rejection on worker loss, prefetch 1, and one visibility timeout
-    (broker and result backend) longer than the longest task.
+    (broker and result backend) longer than the longest task. `polled_results` is for
+    producers that poll results themselves (see `PolledRedisBackend`).
     """
     broker = settings.broker_url or PLACEHOLDER_BROKER
     backend = settings.result_backend_url or broker
+    if polled_results:
+        backend = f"{__name__}:PolledRedisBackend+{backend}"
     visibility = {"visibility_timeout": settings.visibility_timeout_s}
     app = Celery("voxmill", broker=broker, backend=backend, set_as_current=False)
     app.conf.update(
@@ -45,6 +63,8 @@ def create_app(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         redis_retry_on_timeout=True,
+        redis_socket_timeout=10.0,
+        redis_socket_connect_timeout=5.0,
         redis_socket_keepalive=True,
         result_expires=settings.result_expires_s,
         result_extended=False,

@@ -59,7 +59,7 @@ class Client:
         if app is None:
             from workers.app import create_app
 
-            app = create_app(settings)
+            app = create_app(settings, polled_results=True)
         self.app = app
         self.settings = settings
 
@@ -76,8 +76,6 @@ class Client:
             payload = {"path": str(Path(audio).absolute())}
             serializer = "json"
         sent = self.app.send_task(TASK_NAMES[op], args=[payload], serializer=serializer, queue=op)
-        # Results are polled in batches; drop Celery's per-task pub/sub subscription.
-        self.app.backend.remove_pending_result(sent)
         return Job(label=label, op=op, id=str(sent.id))
 
     def submit_many(self, op: str, inputs: Iterable[str | Path | bytes]) -> list[Job]:

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import redis
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from pipeline.corpus import plan_fingerprint, plan_shards, probe_durations, read_corpus
 from pipeline.errors import VoxmillError
@@ -37,6 +38,7 @@ PLAN_FILE = "plan.json"
 LOCK_FILE = ".lock"
 PLAN_VERSION = 1
 POLL_S = 0.1
+MAX_DEADLINE_DOUBLINGS = 8  # a shard submitted again and again waits at most 8x the deadline
 
 
 class RunError(Exception):
@@ -187,7 +189,7 @@ class CorpusDriver:
             try:
                 self._step()
                 self._redis_down_since = None
-            except (redis.RedisError, OSError, ConnectionError) as exc:
+            except (redis.RedisError, OperationalError, OSError) as exc:
                 self._broker_trouble(exc)
             self.view.update()
             time.sleep(POLL_S)
@@ -244,11 +246,11 @@ class CorpusDriver:
         self._count_done()
 
     def _resubmit_late(self) -> None:
-        deadline = self.ledger.deadline_s(
-            self.settings.shard_deadline_min_s, self.settings.shard_deadline_factor
-        )
+        """Submit again every shard past its deadline; each new attempt waits twice as long."""
+        base = self.ledger.deadline_s(self.settings.shard_deadline_min_s, self.settings.shard_deadline_factor)
         now = time.monotonic()
         for item in list(self.ledger.inflight.values()):
+            deadline = base * min(2 ** (item.attempts - 1), MAX_DEADLINE_DOUBLINGS)
             if now - item.submitted > deadline:
                 self.view.message(
                     f"shard {item.spec.name} not done after {now - item.submitted:.0f} s "
@@ -341,12 +343,17 @@ def extract_corpus(
     from workers.embedded import EmbeddedRedis, LocalWorkers
 
     started = time.monotonic()
-    lock = lock_output(out_dir)
+    try:
+        lock = lock_output(out_dir)
+    except OSError as exc:
+        raise RunError(f"cannot use the output folder {out_dir}: {exc.strerror or exc}") from None
     try:
         plan = load_or_make_plan(source, out_dir, ops, shard_size, settings)
         extra: dict[str, Any] = {"input": str(source)}
         if settings.broker_url:
-            return run_corpus(create_app(settings), settings, plan, out_dir, quiet, extra, started)
+            return run_corpus(
+                create_app(settings, polled_results=True), settings, plan, out_dir, quiet, extra, started
+            )
         check_models(settings, ops)
         roots = (*settings.allowed_roots, *corpus_roots(plan, out_dir))
         embedded = EmbeddedRedis().start()
@@ -357,9 +364,13 @@ def extract_corpus(
             if not quiet:
                 print(f"extract: started {workers} local worker(s) on an embedded Redis", flush=True)
             cluster.wait_ready()
-            return run_corpus(create_app(local), local, plan, out_dir, quiet, extra, started)
+            return run_corpus(
+                create_app(local, polled_results=True), local, plan, out_dir, quiet, extra, started
+            )
         finally:
             cluster.stop(timeout_s=5.0)  # shards are idempotent: no need to wait long for running ones
             embedded.stop()
+    except VoxmillError as exc:  # e.g. output_error while writing the plan
+        raise RunError(exc.message) from None
     finally:
         lock.close()

@@ -312,11 +312,11 @@ class ModelHolder:
 
     def _maybe_reload(self, role: str) -> bool:
         published = self._published(role)
-        sha256 = published.get("sha256")
-        if not sha256:
-            return False
+        sha256 = published.get("sha256", "")
         generation = int(published.get("generation") or 0)
         current = self.sessions.get(role)
+        if current is not None and not sha256:
+            return False
         if current is not None and current.sha256 == sha256:
             self.generations[role] = generation
             self.reload_failures.pop(role, None)
@@ -324,23 +324,28 @@ class ModelHolder:
         path, stamp = self._local_file(role)
         if not self._retry_due(role, sha256, stamp):
             return False
-        problem = _local_mismatch(path, stamp, published)
-        if problem:
+        # A process with no session at all (its file was missing or broken at start-up) takes its
+        # own file as it is, published or not, as at start-up.
+        problem = _local_mismatch(path, stamp, published, check_size=current is not None)
+        if problem or path is None:
             self._fail(role, sha256, generation, stamp, problem, wait_for_change=True)
             return False
-        assert path is not None
         if not self._take_reload_slot(role):
             return True
         try:
-            candidate = open_session(path, role, self.options, self.registry, expected_sha256=sha256)
+            candidate = self._load_beside(role, path, sha256 if current is not None else None)
         except Exception as exc:  # out of memory, a bad file, a provider error: keep the old session
             reason = exc.message if isinstance(exc, VoxmillError) else f"{type(exc).__name__}: {exc}"
             self._fail(role, sha256, generation, stamp, reason)
             return False
         finally:
             self._release_reload_slot(role)
-        self._swap(role, candidate, generation)
+        self._swap(role, candidate, generation if candidate.sha256 == sha256 else None)
         return False
+
+    def _load_beside(self, role: str, path: Path, expected_sha256: str | None) -> ModelSession:
+        """Load and warm up `path` while the current session keeps serving."""
+        return open_session(path, role, self.options, self.registry, expected_sha256=expected_sha256)
 
     def _local_file(self, role: str) -> tuple[Path | None, FileStamp | None]:
         try:
@@ -373,31 +378,34 @@ class ModelHolder:
         )
         then = "waiting for the file to change" if wait_for_change else f"retrying in {delay_s:.0f} s"
         current = self.sessions.get(role)
+        wanted = f"generation {generation} (sha256 {sha256[:12]})" if sha256 else "its model file"
         log.warning(
-            "worker %s keeps its %s model (sha256 %s): generation %d (sha256 %s) not loaded: %s; %s",
+            "worker %s keeps its %s model (sha256 %s): %s not loaded: %s; %s",
             self.worker_id,
             role,
             current.sha256[:12] if current else "none",
-            generation,
-            sha256[:12],
+            wanted,
             reason,
             then,
         )
         self._heartbeat_safely()
 
-    def _swap(self, role: str, candidate: ModelSession, generation: int) -> None:
+    def _swap(self, role: str, candidate: ModelSession, generation: int | None) -> None:
         """Make `candidate` the role's session between two tasks; the old one goes with its last task."""
         with self._swap_lock:
             old = self.sessions.get(role)
             self.sessions[role] = candidate
-            self.generations[role] = generation
+            if generation is None:
+                self.generations.pop(role, None)
+            else:
+                self.generations[role] = generation
+                self.reload_failures.pop(role, None)
             self.load_errors.pop(role, None)
-            self.reload_failures.pop(role, None)
         log.info(
-            "worker %s now serves %s generation %d (sha256 %s, was %s), loaded in %.2f s",
+            "worker %s now serves %s generation %s (sha256 %s, was %s), loaded in %.2f s",
             self.worker_id,
             role,
-            generation,
+            "(its own file, not the published one)" if generation is None else generation,
             candidate.sha256[:12],
             old.sha256[:12] if old else "none",
             candidate.load_s,
@@ -441,12 +449,14 @@ class ModelHolder:
         self._slot = None
 
 
-def _local_mismatch(path: Path | None, stamp: FileStamp | None, published: dict[str, str]) -> str:
+def _local_mismatch(
+    path: Path | None, stamp: FileStamp | None, published: dict[str, str], check_size: bool = True
+) -> str:
     """Why this machine's file cannot be the published one without reading it ('' when it may be)."""
     if path is None or stamp is None:
         return "this machine has no such model file"
     size = published.get("size")
-    if size and int(size) != stamp.size:
+    if check_size and size and int(size) != stamp.size:
         return f"this machine's {path.name} has {stamp.size} bytes, the published file {size}"
     return ""
 

@@ -24,7 +24,7 @@ from pipeline.extraction import process
 from pipeline.paths import resolve_allowed_path
 from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult
 from pipeline.settings import Settings
-from pipeline.writers import write_shard
+from pipeline.writers import shard_counts, shard_path, write_shard
 from workers import keys
 from workers.holder import ModelHolder, ModelUnavailable
 from workers.keys import QUEUES
@@ -34,8 +34,27 @@ log = logging.getLogger("voxmill.tasks")
 MAX_RETRIES = 8
 
 
+class MalformedCall:
+    """A single-audio task called with other than one job argument; `decode_job` refuses it."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        keywords = f" and keyword(s) {', '.join(sorted(kwargs))}" if kwargs else ""
+        self.message = f"a voxmill task takes one job argument; got {len(args)} positional{keywords}"
+
+
+def job_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The job of a task call (`(job,)` or `job=`); any other call shape becomes a `MalformedCall`."""
+    if len(args) == 1 and not kwargs:
+        return args[0]
+    if not args and set(kwargs) == {"job"}:
+        return kwargs["job"]
+    return MalformedCall(args, kwargs)
+
+
 def decode_job(job: Any, roots: tuple[Path, ...]) -> tuple[str, str | Path | bytes]:
     """(label, source) of a single-audio payload; `bad_request` or `forbidden_path` when it is wrong."""
+    if isinstance(job, MalformedCall):
+        raise VoxmillError(errors.BAD_REQUEST, job.message)
     if not isinstance(job, dict):
         raise VoxmillError(errors.BAD_REQUEST, f"job must be an object, not {type(job).__name__}")
     if "path" in job:
@@ -124,6 +143,9 @@ class Runner:
             return failed_shard(payload, VoxmillError(errors.BAD_REQUEST, f"malformed shard payload: {exc}"))
         except VoxmillError as exc:
             return failed_shard(payload, exc)
+        done = finished_shard(out_dir, spec)
+        if done is not None:  # a redelivered or resubmitted shard that is already written
+            return done
         try:
             with self.holder.serving(ROLES_BY_OP[spec.op]) as sessions:
                 results = [self._utterance(u.utt, u.path, spec.op, sessions) for u in spec.utts]
@@ -156,6 +178,20 @@ class Runner:
         except VoxmillError as exc:
             return TaskResult(input=utt, op=op, error=exc.to_dict())
         return process(utt, source, op, sessions, self.limits)
+
+
+def finished_shard(out_dir: Path, spec: ShardSpec) -> dict[str, Any] | None:
+    """The counts of a shard whose file already exists (files are complete or absent), else None."""
+    path = shard_path(out_dir, spec.op, spec.shard)
+    if not path.exists():
+        return None
+    try:
+        ok, failed = shard_counts(path)
+    except Exception:  # unreadable: do the shard again and replace it
+        return None
+    return ShardResult(
+        shard=spec.shard, op=spec.op, path=str(path), ok=ok, failed=failed, audio_seconds=0.0, seconds=0.0
+    ).to_dict()
 
 
 def failed_shard(payload: Any, exc: VoxmillError) -> dict[str, Any]:
@@ -223,16 +259,16 @@ def register(app: Celery, settings: Settings) -> Runner:
     runner = Runner(settings)
 
     @app.task(name="voxmill.tokenize", bind=True)
-    def tokenize(self: Task, job: Any) -> dict[str, Any]:
-        return runner.single(self, "tokenize", job)
+    def tokenize(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return runner.single(self, "tokenize", job_argument(args, kwargs))
 
     @app.task(name="voxmill.embed", bind=True)
-    def embed(self: Task, job: Any) -> dict[str, Any]:
-        return runner.single(self, "embed", job)
+    def embed(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return runner.single(self, "embed", job_argument(args, kwargs))
 
     @app.task(name="voxmill.extract", bind=True)
-    def extract(self: Task, job: Any) -> dict[str, Any]:
-        return runner.single(self, "extract", job)
+    def extract(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return runner.single(self, "extract", job_argument(args, kwargs))
 
     @app.task(name="voxmill.shard", bind=True, ignore_result=True)
     def shard(self: Task, payload: Any) -> dict[str, Any]:

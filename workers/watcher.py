@@ -383,7 +383,11 @@ class Watcher:
             log.warning(
                 "%s: %s (sha256 %s) differs from the published generation %s (sha256 %s) and is older; "
                 "this machine's copy lags behind, so it is not published (touch it to publish it)",
-                role, path, sha256[:12], current.get("generation"), current.get("sha256", "")[:12],
+                role,
+                path,
+                sha256[:12],
+                current.get("generation"),
+                current.get("sha256", "")[:12],
             )
             return
         verdict = self._validate(path, role, sha256)
@@ -419,7 +423,11 @@ class Watcher:
             return
         log.info(
             "%s: published generation %d: %s (sha256 %s), validated in %.2f s",
-            role, generation, path, sha256[:12], verdict.seconds,
+            role,
+            generation,
+            path,
+            sha256[:12],
+            verdict.seconds,
         )
         self.hooks.after_publish(role, generation, {"sha256": sha256, "generation": generation, **record})
 
@@ -451,7 +459,10 @@ class Watcher:
         served = f"generation {current['generation']}" if current.get("generation") else "what they loaded"
         log.warning(
             "%s: no model file (%s) in %s; workers keep serving %s",
-            role, spec.file_glob, self.model_dir, served,
+            role,
+            spec.file_glob,
+            self.model_dir,
+            served,
         )
         self.hooks.after_missing(role)
 

@@ -231,42 +231,34 @@ def test_a_slow_copy_is_never_loaded_half_written(
     assert {r.models["embedder"]["sha256"] for r in embed_ok(settings, audio_dir)} == {full}
 
 
-@pytest.mark.parametrize(
-    ("name", "make_bad", "reason"),
-    [
-        ("truncated", lambda good: good[: len(good) // 2], "not a loadable ONNX model"),
-        ("random bytes", lambda good: os.urandom(len(good)), "not a loadable ONNX model"),
-        ("wrong input rank", lambda good: wrong_rank_embedder(), "rank 2"),
-    ],
-)
-def test_a_bad_model_is_rejected_and_the_old_one_keeps_serving(
-    name: str,
-    make_bad: Callable[[bytes], bytes],
-    reason: str,
-    start_worker,
-    start_watcher,
-    settings,
-    models,
-    audio_dir,
-    redis_client,
+def test_bad_models_are_rejected_and_the_old_one_keeps_serving(
+    start_worker, start_watcher, settings, models, audio_dir, redis_client
 ) -> None:
     start_worker(settings, concurrency=1, queues=("embed",))
     start_watcher(settings)
     old = sha256(models / EMBEDDER_FILE)
     before = published(redis_client, "embedder")
-    bad = make_bad(make_embedder_model("tiny", seed=3).SerializeToString())
-    land(models / EMBEDDER_FILE, bad)
-    wait_for(lambda: rejection(redis_client, "embedder").get("sha256") == sha256_of(bad), timeout_s=30)
+    good = make_embedder_model("tiny", seed=3).SerializeToString()
+    cases = [
+        ("truncated", good[: len(good) // 2], "not a loadable ONNX model"),
+        ("random bytes", os.urandom(len(good)), "not a loadable ONNX model"),
+        ("wrong input rank", wrong_rank_embedder(), "has rank 2"),
+    ]
+    for name, bad, reason in cases:
+        land(models / EMBEDDER_FILE, bad)
+        rejected = sha256_of(bad)
+        wait_for(lambda r=rejected: rejection(redis_client, "embedder").get("sha256") == r, timeout_s=30)
 
-    assert published(redis_client, "embedder") == before
-    assert {r.models["embedder"]["sha256"] for r in embed_ok(settings, audio_dir)} == {old}
-    status = voxmill("status", "--json", env={"VOXMILL_BROKER_URL": settings.broker_url or ""})
-    assert status.returncode == 0, status.stderr
-    embedder = json.loads(status.stdout)["models"]["embedder"]
-    assert embedder["last_rejection"]["sha256"] == sha256_of(bad)
-    assert reason in embedder["last_rejection"]["reason"], embedder["last_rejection"]
-    assert embedder["published"]["sha256"] == old
-    assert list(embedder["serving"]) == [old]
+        assert published(redis_client, "embedder") == before, name
+        assert {r.models["embedder"]["sha256"] for r in embed_ok(settings, audio_dir)} == {old}, name
+        status = voxmill("status", "--json", env={"VOXMILL_BROKER_URL": settings.broker_url or ""})
+        assert status.returncode == 0, status.stderr
+        embedder = json.loads(status.stdout)["models"]["embedder"]
+        assert embedder["last_rejection"]["sha256"] == rejected, name
+        assert reason in embedder["last_rejection"]["reason"], (name, embedder["last_rejection"])
+        assert embedder["published"]["sha256"] == old, name
+        assert list(embedder["serving"]) == [old], name
+    assert rejection(redis_client, "embedder")["count"] == "3"
 
 
 def test_a_symlink_swap_is_picked_up_and_a_deleted_file_keeps_the_old_session(
@@ -320,6 +312,24 @@ def test_a_late_worker_serves_the_new_generation_and_a_watcher_restart_reloads_n
     time.sleep(0.5)  # a reload, if one were triggered, would show up within a few checks
     assert first.log_path.read_text().count("now serves") == reloads
     assert {r.models["embedder"]["sha256"] for r in embed_ok(settings, audio_dir)} == {new}
+
+
+def test_a_worker_started_before_its_model_serves_it_once_it_lands(
+    start_worker, start_watcher, redis_url, redis_client, tiny_models, audio_dir, tmp_path
+) -> None:
+    empty = tmp_path / "no-models-yet"
+    empty.mkdir()
+    settings = make_settings(redis_url, empty, [audio_dir], watch_quiet_s=QUIET_S)
+    start_worker(settings, concurrency=1, queues=("embed",), wait=False)
+    wait_for(lambda: any(w["load_errors"] for w in collect_status(redis_client)["workers"]), timeout_s=60)
+    client = Client(settings)
+    job = client.submit("embed", audio_dir / WAV)  # retried until the model is there
+    watcher = start_watcher(settings, wait=False)
+    wait_for(lambda: "embedder: no model file" in watcher.log(), timeout_s=30)
+
+    shutil.copy(tiny_models / EMBEDDER_FILE, empty / EMBEDDER_FILE)
+    wait_for(lambda: all_serve(redis_client, "embedder", sha256(empty / EMBEDDER_FILE), 1), timeout_s=30)
+    assert client.wait_all([job], timeout_s=60)[0].error is None
 
 
 def test_machines_converge_each_loading_its_own_copy(

@@ -1,0 +1,447 @@
+"""Load and soak: many tiny-model jobs through real workers, nothing lost, nothing duplicated,
+memory flat; then a producer queueing far more than the workers can take.
+
+    python -m benchmarks.soak                       # 10,000 jobs, 100,000 queued (about 5 minutes)
+    python -m benchmarks.soak --jobs 1000 --queued 10000 --result-expires-s 10   # a quick look
+
+Everything runs against a private Redis (`workers.embedded.EmbeddedRedis`) on a free port, with
+tiny stand-in models and a handful of short WAVs sent by path, ops mixed (tokenize, embed,
+extract in turn). Phases:
+
+1. warm-up: `--warmup` jobs through `--workers` worker processes (one Celery worker, prefork);
+   their results are read and deleted, then each process's RSS and Redis `used_memory` are the
+   baseline.
+2. soak: `--jobs` jobs submitted with `workers.client.Client.submit`; results are polled by
+   task id with MGET and *not* deleted, so they stay until `result_expires_s` (set short) runs
+   out. Lost: a submitted id without a SUCCESS result, or a result carrying an error.
+   Duplicated: an id that the workers' per-task log line ("task <id> op=...") shows more than
+   once, or a result key that was never submitted. Redis memory is sampled while it runs (peak).
+3. expiry: wait until no result key is left; Redis memory then, against the baseline. Worker RSS
+   after the run against after warm-up (target: growth < 10 %), and the same PIDs.
+4. queued: `--queued` jobs from one producer (the same `Client.submit` loop) while the workers
+   run, then the queues are purged, the workers stopped and `--queued` more are queued with no
+   worker at all. The producer's submit rate in both (target: with workers >= half of without),
+   and Redis `used_memory` every tenth of the way with no workers: bytes per queued job, and
+   back to the baseline after the purge.
+
+It prints a table and writes `benchmarks/results/soak.json` (or `--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+import soundfile as sf
+
+from pipeline.demo import speechlike
+from pipeline.settings import Settings
+from pipeline.standin import make_standins
+from workers.client import Client, Job
+from workers.embedded import EmbeddedRedis, LocalWorkers
+from workers.keys import QUEUES
+from workers.status import worker_records
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+OPS = ("tokenize", "embed", "extract")
+CLIP_SECONDS = (0.5, 1.0, 1.5, 2.0)
+RESULT_PREFIX = "celery-task-meta-"
+TASK_LINE = re.compile(r"\] task (\S+) op=")
+MGET_BATCH = 500
+POLL_S = 0.25
+RSS_TARGET = 0.10
+MB = 1024 * 1024
+
+
+@dataclass
+class Soak:
+    """A private Redis, one worker with `workers` pool processes, a client, and where logs go."""
+
+    folder: Path
+    workers_count: int
+    result_expires_s: int
+    redis_server: EmbeddedRedis | None = None
+    workers: LocalWorkers | None = None
+    settings: Settings | None = None
+    client: Client | None = None
+    redis: redis.Redis | None = None
+    clips: list[Path] = field(default_factory=list)
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / "workers.log"
+
+    def start(self) -> Soak:
+        audio = self.folder / "audio"
+        audio.mkdir(parents=True, exist_ok=True)
+        self.clips = make_clips(audio)
+        models = self.folder / "models"
+        make_standins(models, profile="tiny", seed=0)
+        self.redis_server = EmbeddedRedis(data_dir=self.folder / "redis").start()
+        self.settings = Settings(
+            broker_url=self.redis_server.url,
+            model_dir=models,
+            allowed_roots=(audio,),
+            result_expires_s=self.result_expires_s,
+            log_level="INFO",
+        )
+        self.redis = redis.Redis.from_url(self.redis_server.url)
+        self.client = Client(self.settings)
+        self.start_workers()
+        return self
+
+    def start_workers(self) -> None:
+        assert self.settings is not None
+        self.workers = LocalWorkers(self.settings, self.workers_count, QUEUES, log_path=self.log_path)
+        self.workers.start()
+        self.workers.wait_ready(180)
+
+    def stop_workers(self) -> None:
+        if self.workers is not None:
+            self.workers.stop()
+            self.workers = None
+
+    def stop(self) -> None:
+        self.stop_workers()
+        if self.redis is not None:
+            self.redis.close()
+        if self.redis_server is not None:
+            self.redis_server.stop()
+
+    def pids(self) -> list[int]:
+        """The worker's pool processes (from their heartbeats)."""
+        assert self.redis is not None and self.workers is not None and self.workers.process is not None
+        parent = self.workers.process.pid
+        return sorted(r["pid"] for r in worker_records(self.redis) if r.get("ppid") == parent)
+
+    def used_memory(self) -> int:
+        assert self.redis is not None
+        return int(self.redis.info("memory")["used_memory"])
+
+    def purge_queues(self) -> None:
+        assert self.redis is not None
+        self.redis.delete(*QUEUES)
+
+
+@contextmanager
+def soak_cluster(folder: Path | None, workers: int, result_expires_s: int) -> Iterator[Soak]:
+    """A started `Soak` in `folder` (default: a temporary folder), stopped on exit."""
+    with tempfile.TemporaryDirectory(prefix="voxmill-soak-") as tmp:
+        soak = Soak(folder or Path(tmp), workers, result_expires_s)
+        try:
+            yield soak.start()
+        finally:
+            soak.stop()
+
+
+def make_clips(folder: Path) -> list[Path]:
+    """Short speech-like 16 kHz WAVs, one per length in `CLIP_SECONDS`."""
+    clips = []
+    for index, seconds in enumerate(CLIP_SECONDS):
+        path = folder / f"clip{index}.wav"
+        sf.write(path, speechlike(seconds, 16000, 110.0 + 30 * index, seed=index), 16000, subtype="PCM_16")
+        clips.append(path)
+    return clips
+
+
+def rss_bytes(pids: list[int]) -> dict[int, int]:
+    return {pid: psutil.Process(pid).memory_info().rss for pid in pids}
+
+
+def submit(soak: Soak, count: int, offset: int = 0) -> tuple[list[Job], float]:
+    """Queue `count` jobs (ops and clips in turn) by path; the jobs and the seconds it took."""
+    assert soak.client is not None
+    started = time.perf_counter()
+    jobs = [
+        soak.client.submit(OPS[i % len(OPS)], soak.clips[(i // len(OPS)) % len(soak.clips)])
+        for i in range(offset, offset + count)
+    ]
+    return jobs, time.perf_counter() - started
+
+
+@dataclass
+class Collected:
+    """Final results of a set of jobs, read without deleting them."""
+
+    statuses: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    missing: list[str] = field(default_factory=list)
+    peak_memory: int = 0
+    seconds: float = 0.0
+
+
+def collect(soak: Soak, jobs: list[Job], timeout_s: float, delete: bool = False) -> Collected:
+    """Poll the result keys of `jobs` until each has a final state (or the deadline); sample memory."""
+    assert soak.client is not None and soak.redis is not None
+    backend = soak.client.app.backend
+    pending = {job.id: job for job in jobs}
+    out = Collected(peak_memory=soak.used_memory())
+    started = time.monotonic()
+    while pending and time.monotonic() - started < timeout_s:
+        ids = list(pending)
+        for start in range(0, len(ids), MGET_BATCH):
+            batch = ids[start : start + MGET_BATCH]
+            keys = [backend.get_key_for_task(task_id) for task_id in batch]
+            done_keys = []
+            for task_id, key, raw in zip(batch, keys, soak.redis.mget(keys), strict=True):
+                if raw is None:
+                    continue
+                meta = json.loads(raw)
+                if meta.get("status") not in ("SUCCESS", "FAILURE", "REVOKED"):
+                    continue
+                out.statuses[meta["status"]] += 1
+                result = meta.get("result")
+                if isinstance(result, dict) and result.get("error"):
+                    out.errors[result["error"]["code"]] += 1
+                del pending[task_id]
+                done_keys.append(key)
+            if delete and done_keys:
+                soak.redis.delete(*done_keys)
+        out.peak_memory = max(out.peak_memory, soak.used_memory())
+        if pending:
+            time.sleep(POLL_S)
+    out.missing = sorted(pending)
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def result_keys(soak: Soak) -> list[str]:
+    assert soak.redis is not None
+    return [k.decode() for k in soak.redis.scan_iter(match=RESULT_PREFIX + "*", count=1000)]
+
+
+def executions(log_path: Path) -> Counter[str]:
+    """How many times the workers ran each task id, from their one log line per task."""
+    counts: Counter[str] = Counter()
+    with log_path.open(errors="replace") as log:
+        for line in log:
+            match = TASK_LINE.search(line)
+            if match:
+                counts[match.group(1)] += 1
+    return counts
+
+
+def wait_for_expiry(soak: Soak, timeout_s: float) -> float:
+    """Seconds until no result key is left (Redis expires them itself; nothing is deleted here)."""
+    started = time.monotonic()
+    while result_keys(soak) and time.monotonic() - started < timeout_s:
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def warm_up(soak: Soak, count: int) -> dict[str, Any]:
+    jobs, _ = submit(soak, count)
+    done = collect(soak, jobs, timeout_s=300, delete=True)
+    if done.missing or done.errors:
+        raise RuntimeError(f"warm-up failed: {len(done.missing)} missing, errors {dict(done.errors)}")
+    time.sleep(1.0)  # let the last tasks' memory settle before the baseline
+    pids = soak.pids()
+    return {"jobs": count, "pids": pids, "rss": rss_bytes(pids), "redis_used_memory": soak.used_memory()}
+
+
+def soak_phase(soak: Soak, count: int, baseline: dict[str, Any]) -> dict[str, Any]:
+    """`count` jobs: lost, duplicated, throughput, RSS growth, Redis memory at peak and after expiry."""
+    started = time.perf_counter()
+    jobs, submit_s = submit(soak, count, offset=baseline["jobs"])
+    done = collect(soak, jobs, timeout_s=max(600.0, count / 5))
+    wall_s = time.perf_counter() - started
+    submitted = {job.id for job in jobs}
+    stored = set(result_keys(soak))
+    foreign = sorted(k for k in stored if k.removeprefix(RESULT_PREFIX) not in submitted)
+    runs = executions(soak.log_path)
+    duplicated = sorted(task_id for task_id in submitted if runs[task_id] > 1)
+    never_ran = sorted(task_id for task_id in submitted if runs[task_id] == 0)
+    time.sleep(1.0)
+    pids = soak.pids()
+    rss_after = rss_bytes(pids)
+    growth = {
+        str(pid): round((rss_after[pid] - baseline["rss"][pid]) / baseline["rss"][pid], 4)
+        for pid in pids
+        if pid in baseline["rss"]
+    }
+    expiry_s = wait_for_expiry(soak, timeout_s=soak.result_expires_s + 120)
+    memory_after = soak.used_memory()
+    return {
+        "jobs": count,
+        "ops": list(OPS),
+        "submit_s": round(submit_s, 3),
+        "wall_s": round(wall_s, 3),
+        "jobs_per_s": round(count / wall_s, 1),
+        "succeeded": done.statuses.get("SUCCESS", 0) - sum(done.errors.values()),
+        "statuses": dict(done.statuses),
+        "errors": dict(done.errors),
+        "lost": len(done.missing) + sum(done.errors.values()) + done.statuses.get("FAILURE", 0),
+        "missing_ids": done.missing[:20],
+        "duplicated": len(duplicated) + len(foreign),
+        "duplicated_ids": (duplicated + foreign)[:20],
+        "never_logged": len(never_ran),
+        "same_worker_pids": pids == baseline["pids"],
+        "worker_pids": pids,
+        "rss_after_warmup_mb": {str(p): round(v / MB, 1) for p, v in baseline["rss"].items()},
+        "rss_after_run_mb": {str(p): round(v / MB, 1) for p, v in rss_after.items()},
+        "rss_growth": growth,
+        "rss_growth_max": max(growth.values()) if growth else None,
+        "redis_used_memory": {
+            "before": baseline["redis_used_memory"],
+            "peak": done.peak_memory,
+            "after_expiry": memory_after,
+        },
+        "result_expires_s": soak.result_expires_s,
+        "expiry_wait_s": round(expiry_s, 1),
+        "result_keys_left": len(result_keys(soak)),
+    }
+
+
+def queued_phase(soak: Soak, count: int) -> dict[str, Any]:
+    """Producer rate with workers running vs none; Redis bytes per queued job with none."""
+    steps = 10
+    with_workers_start = soak.used_memory()
+    jobs, with_workers_s = submit(soak, count)
+    peak_with_workers = soak.used_memory()
+    consumed = count - sum(int(soak.redis.llen(q)) for q in QUEUES) if soak.redis else 0
+    soak.stop_workers()  # first: a warm shutdown puts prefetched messages back in the queues
+    soak.purge_queues()
+    wait_for_expiry(soak, timeout_s=soak.result_expires_s + 120)
+    base = soak.used_memory()
+    checkpoints = [(0, base)]
+    started = time.perf_counter()
+    for step in range(steps):
+        submit(soak, count // steps, offset=step * (count // steps))
+        checkpoints.append(((step + 1) * (count // steps), soak.used_memory()))
+    no_workers_s = time.perf_counter() - started
+    queued = sum(int(soak.redis.llen(q)) for q in QUEUES) if soak.redis else 0
+    soak.purge_queues()
+    after_purge = soak.used_memory()
+    per_step = [(b - a) / (n1 - n0) for (n0, a), (n1, b) in zip(checkpoints, checkpoints[1:], strict=False)]
+    rate_with = count / with_workers_s
+    rate_without = (count // steps * steps) / no_workers_s
+    return {
+        "jobs": count,
+        "producer_jobs_per_s_with_workers": round(rate_with, 1),
+        "producer_jobs_per_s_without_workers": round(rate_without, 1),
+        "slowdown": round(rate_without / rate_with, 3),
+        "consumed_while_producing": consumed,
+        "redis_used_memory_with_workers": {"start": with_workers_start, "end": peak_with_workers},
+        "queued_without_workers": queued,
+        "redis_used_memory_checkpoints": [{"queued": n, "used_memory": m} for n, m in checkpoints],
+        "bytes_per_queued_job": round((checkpoints[-1][1] - base) / max(1, checkpoints[-1][0]), 1),
+        "bytes_per_job_per_step": {"min": round(min(per_step), 1), "max": round(max(per_step), 1)},
+        "redis_used_memory_after_purge": after_purge,
+        "redis_used_memory_base": base,
+        "job_ids_unique": len({job.id for job in jobs}) == len(jobs),
+    }
+
+
+def run(
+    jobs: int,
+    queued: int,
+    workers: int = 2,
+    warmup: int = 300,
+    result_expires_s: int = 30,
+    folder: Path | None = None,
+) -> dict[str, Any]:
+    """All phases; the dict written to `soak.json`."""
+    started = time.time()
+    with soak_cluster(folder, workers, result_expires_s) as soak:
+        baseline = warm_up(soak, warmup)
+        report: dict[str, Any] = {
+            "machine": {
+                "cores": os.cpu_count(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+            },
+            "workers": workers,
+            "warmup_jobs": warmup,
+            "soak": soak_phase(soak, jobs, baseline),
+        }
+        if queued:
+            report["queued"] = queued_phase(soak, queued)
+    report["total_s"] = round(time.time() - started, 1)
+    return report
+
+
+# --------------------------------------------------------------------------- report
+
+
+def mb(value: int) -> str:
+    return f"{value / MB:.2f} MB"
+
+
+def table(report: dict[str, Any]) -> str:
+    s = report["soak"]
+    memory = s["redis_used_memory"]
+    rows = [
+        ("soak jobs (tiny models, by path, ops mixed)", f"{s['jobs']} through {report['workers']} workers"),
+        ("throughput", f"{s['jobs_per_s']} jobs/s ({s['wall_s']} s)"),
+        ("lost / duplicated", f"{s['lost']} / {s['duplicated']}"),
+        ("same worker PIDs at the end", str(s["same_worker_pids"])),
+        ("worker RSS after warm-up", ", ".join(f"{v} MB" for v in s["rss_after_warmup_mb"].values())),
+        ("worker RSS after the run", ", ".join(f"{v} MB" for v in s["rss_after_run_mb"].values())),
+        ("RSS growth (max; target < 10 %)", f"{100 * (s['rss_growth_max'] or 0):.2f} %"),
+        ("Redis used_memory before", mb(memory["before"])),
+        ("Redis used_memory at peak", mb(memory["peak"])),
+        (
+            f"Redis used_memory after results expired ({s['result_expires_s']} s TTL)",
+            f"{mb(memory['after_expiry'])} ({memory['after_expiry'] - memory['before']:+d} bytes)",
+        ),
+    ]
+    if "queued" in report:
+        q = report["queued"]
+        rows += [
+            ("queued jobs per producer run", str(q["jobs"])),
+            ("producer rate, workers running", f"{q['producer_jobs_per_s_with_workers']} jobs/s"),
+            ("producer rate, no workers", f"{q['producer_jobs_per_s_without_workers']} jobs/s"),
+            ("slowdown (target <= 2x)", f"{q['slowdown']}x"),
+            (
+                "Redis bytes per queued job",
+                f"{q['bytes_per_queued_job']} (per tenth: "
+                f"{q['bytes_per_job_per_step']['min']}-{q['bytes_per_job_per_step']['max']})",
+            ),  # fmt: skip
+            (
+                f"Redis with {q['queued_without_workers']} queued",
+                mb(q["redis_used_memory_checkpoints"][-1]["used_memory"]),
+            ),
+            (
+                "Redis after purging the queue",
+                f"{mb(q['redis_used_memory_after_purge'])} (base {mb(q['redis_used_memory_base'])})",
+            ),  # fmt: skip
+        ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--queued", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--result-expires-s", type=int, default=30)
+    parser.add_argument("--keep", type=Path, default=None, help="Keep logs and Redis data in this folder.")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "soak.json")
+    args = parser.parse_args()
+    report = run(args.jobs, args.queued, args.workers, args.warmup, args.result_expires_s, args.keep)
+    print(table(report))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Benchmark-only tracing of `voxmill extract` worker processes (never imported by voxmill itself).
+
+`benchmarks/extract_run.py` puts this folder first on PYTHONPATH and names a folder in
+BENCH_TRACE_DIR; in Celery worker processes this wraps three `pipeline` functions before
+`workers.tasks` imports them, and appends one JSON line per shard to
+`$BENCH_TRACE_DIR/trace-<pid>.jsonl`:
+
+- `open_session`: when each model was loaded and warmed (wall clock);
+- `process`: start and end of every utterance and its `timings_ms` stages;
+- `write_shard`: start and end of the shard file's write.
+
+With BENCH_TRACE_EACH=1 every `process` call is written at once (single-audio tasks, no shards).
+
+Cost: two `time.time()` calls per utterance and one line written per shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _install(trace_dir: str) -> None:
+    import pipeline.extraction as extraction
+    import pipeline.writers as writers
+
+    each = os.environ.get("BENCH_TRACE_EACH") == "1"
+    pending: list[dict[str, object]] = []
+    original_process = extraction.process
+    original_write = writers.write_shard
+    original_open = extraction.open_session
+
+    def emit(record: dict[str, object]) -> None:
+        record["pid"] = os.getpid()
+        with open(os.path.join(trace_dir, f"trace-{os.getpid()}.jsonl"), "a") as stream:
+            stream.write(json.dumps(record) + "\n")
+
+    def open_session(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started = time.time()
+        session = original_open(*args, **kwargs)
+        emit({"kind": "model", "role": session.role, "start": started, "end": time.time(),
+              "load_s": session.load_s, "warmup_s": session.warmup_s})
+        return session
+
+    def process(label, source, op, sessions, limits):  # type: ignore[no-untyped-def]
+        started = time.time()
+        result = original_process(label, source, op, sessions, limits)
+        record = {"utt": label, "start": started, "end": time.time(), "ms": result.timings_ms,
+                  "audio_s": result.audio_seconds, "ok": result.ok}
+        if each:
+            emit({"kind": "task", **record})
+        else:
+            pending.append(record)
+        return result
+
+    def write_shard(out_dir, spec, results):  # type: ignore[no-untyped-def]
+        started = time.time()
+        path = original_write(out_dir, spec, results)
+        ended = time.time()
+        utts = list(pending)
+        pending.clear()
+        emit({"kind": "shard", "op": spec.op, "shard": spec.shard, "write_start": started,
+              "write_end": ended, "utts": utts})
+        return path
+
+    extraction.process = process
+    extraction.open_session = open_session
+    writers.write_shard = write_shard
+
+
+_TRACE = os.environ.get("BENCH_TRACE_DIR")
+if _TRACE and "celery" in getattr(sys, "orig_argv", sys.argv)[:4]:
+    _install(_TRACE)
