@@ -88,7 +88,7 @@ def measure_worker_ready(models: Path, clip: Path, timeout_s: float = 300) -> di
     """Spawn one worker process (both queues, both models) and time it to its first task."""
     import redis
 
-    from benchmarks.common import TRACE_DIR, ROOT
+    from benchmarks.common import ROOT, TRACE_DIR
     from benchmarks.corpus import WORK_DIR
     from benchmarks.extract_run import read_traces
     from pipeline.settings import Settings

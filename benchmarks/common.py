@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -270,12 +271,32 @@ class TreeSampler:
         return by_kind
 
 
+@dataclass
+class ChildRun:
+    """A whole child process run: wall seconds (spawn to exit, timed from outside), CPU seconds of
+    the whole process tree (user + system of every descendant that was waited for), output and the
+    memory sampler."""
+
+    wall_s: float
+    cpu_s: float
+    done: subprocess.CompletedProcess[str]
+    sampler: TreeSampler | None
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed_child(
     command: list[str], env: dict[str, str], timeout_s: float, sample_memory: bool = True
-) -> tuple[float, subprocess.CompletedProcess[str], TreeSampler | None]:
-    """Run `command` as a whole process, timed from outside (spawn to exit): (seconds, result, sampler)."""
+) -> ChildRun:
+    """Run `command` as a whole process, timed from outside (spawn to exit)."""
+    cpu_before = children_cpu_s()
     started = time.perf_counter()
-    proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     sampler = TreeSampler(proc.pid).start() if sample_memory else None
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
@@ -290,7 +311,7 @@ def timed_child(
     done = subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:5])}... exited {proc.returncode}: {stderr[-2000:]}")
-    return elapsed, done, sampler
+    return ChildRun(elapsed, children_cpu_s() - cpu_before, done, sampler)
 
 
 def log(message: str) -> None:

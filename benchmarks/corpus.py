@@ -1,6 +1,6 @@
 """The benchmark's inputs: stand-in models and synthetic corpora, generated once and cached.
 
-Everything lives under `benchmarks/work/` (git-ignored) and is rebuilt only when missing or when
+Everything lives under `benchmarks/work/` (git-ignored; `BENCH_WORK_DIR` moves it) and is rebuilt only when missing or when
 its recipe changed (a `recipe.json` next to the files records what made them).
 
 A corpus is a folder of speech-like clips (`pipeline.demo.speechlike`, three pitches as three
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +25,8 @@ from pipeline.demo import FLAC, MP3, OGG, WAV16, WAV24_STEREO, _Format, encode, 
 from pipeline.standin import make_standins
 from pipeline.writers import atomic_write
 
-WORK_DIR = Path(__file__).resolve().parent / "work"
+# BENCH_WORK_DIR moves everything generated elsewhere (the smoke test uses a temporary folder).
+WORK_DIR = Path(os.environ.get("BENCH_WORK_DIR") or Path(__file__).resolve().parent / "work")
 FLAC16 = _Format("flac", "FLAC", "PCM_16", 16000)
 WAV48 = _Format("wav", "WAV", "PCM_16", 48000)
 # (format, weight): what a crawled/read-speech corpus looks like, roughly.
@@ -99,7 +101,9 @@ def make_corpus(recipe: CorpusRecipe, work_dir: Path = WORK_DIR) -> list[Clip]:
         data = encode(samples, fmt, recipe.seed)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda stream, data=data: stream.write(data))  # type: ignore[misc]
-        clips.append(Clip(f"{spk}/utt{index:04d}", str(path), spk, seconds, fmt.ext, fmt.rate_hz, fmt.channels))
+        clips.append(
+            Clip(f"{spk}/utt{index:04d}", str(path), spk, seconds, fmt.ext, fmt.rate_hz, fmt.channels)
+        )
     manifest.write_text(json.dumps({"recipe": asdict(recipe), "clips": [asdict(c) for c in clips]}, indent=1))
     return clips
 

@@ -97,7 +97,8 @@ def run_extract(
     env["PYTHONPATH"] = f"{TRACE_DIR}:{env['PYTHONPATH']}"
     argv = extract_command(manifest, out_dir, models, ops, workers, shard_size, variant)
     spawned = time.time()
-    wall_s, done, sampler = timed_child(argv, env, timeout_s)
+    child = timed_child(argv, env, timeout_s)
+    wall_s, done, sampler = child.wall_s, child.done, child.sampler
     ended = spawned + wall_s
     report = json.loads((out_dir / "report.json").read_text())
     failed = {op: v["failed"] for op, v in report["ops"].items() if v["failed"]}
@@ -111,6 +112,7 @@ def run_extract(
         "shard_size": shard_size,
         "variant": list(variant) if variant is not None else None,
         "wall_s": round(wall_s, 4),
+        "cpu_s": round(child.cpu_s, 3),
         "driver_wall_s": report.get("wall_seconds"),
         "utterances": report["utterances"],
         "audio_s": report["audio_seconds"],
@@ -147,7 +149,9 @@ def stage_breakdown(
     first_task_s: list[float] = []
     utterances = 0
     for records in traces.values():
-        shards = sorted((r for r in records if r["kind"] == "shard" and r["utts"]), key=lambda r: r["write_start"])
+        shards = sorted(
+            (r for r in records if r["kind"] == "shard" and r["utts"]), key=lambda r: r["write_start"]
+        )
         models = [r for r in records if r["kind"] == "model"]
         model_s += sum(r["end"] - r["start"] for r in models)
         if not shards:
@@ -180,7 +184,9 @@ def stage_breakdown(
     return {
         "process_s": {k: round(v, 4) for k, v in totals.items()},
         "share_of_wall": {k: round(v / capacity, 5) for k, v in totals.items()} if capacity else {},
-        "share_per_utterance": {k: round(totals[k] / steady, 5) for k in PER_UTTERANCE_STAGES} if steady else {},
+        "share_per_utterance": {k: round(totals[k] / steady, 5) for k in PER_UTTERANCE_STAGES}
+        if steady
+        else {},
         "model_load_warm_s": round(model_s, 4),
         "first_task_after_spawn_s": [round(s, 3) for s in first_task_s],
         "traced_workers": len(traces),

@@ -59,7 +59,9 @@ def stream_sha256(path: Path, chunk_bytes: int = 8 * 1024 * 1024) -> str:
 def session_options(ort: Any, level: str = "all") -> Any:
     so = ort.SessionOptions()
     so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if level == "all" else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if level == "all"
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
@@ -112,7 +114,9 @@ def load(mode: str, path: Path, role: str) -> tuple[Any, dict[str, Any]]:
             facts["cache_build_s"] = round(build_cache(ort, path.read_bytes(), target), 4)
             started = time.perf_counter() - facts["hash_s"]
         raw = ort.InferenceSession(
-            str(target / "model.onnx"), sess_options=session_options(ort, "none"), providers=["CPUExecutionProvider"]
+            str(target / "model.onnx"),
+            sess_options=session_options(ort, "none"),
+            providers=["CPUExecutionProvider"],
         )
     facts["load_s"] = time.perf_counter() - started
     names = [i.name for i in raw.get_inputs()]

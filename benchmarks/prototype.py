@@ -2,7 +2,7 @@
 `workers/driver.py`, so that their gain is measured rather than guessed:
 
     python -m benchmarks.prototype MANIFEST --out DIR --ops tokenize --models M --workers 2
-        [--order plan|longest-first] [--overlap] [--fast-stop]
+        [--order plan|longest-first] [--overlap] [--fast-stop] [--combine]
 
 - `--order longest-first`: submit shards in order of decreasing audio seconds (the plan puts the
   longest clips last, so the run ends with one worker busy on the largest shard while the
@@ -10,7 +10,10 @@
 - `--overlap`: start the embedded Redis and the workers before probing the corpus, so model
   loading overlaps planning;
 - `--fast-stop`: once every shard is merged nothing is in flight, so stop the workers' process
-  group with SIGKILL instead of a warm shutdown.
+  group with SIGKILL instead of a warm shutdown;
+- `--combine`: with `--ops tokenize,embed`, plan `extract` shards (on the `extract` queue), so
+  each utterance is decoded once and runs through both models in one task (the shard files and
+  the merge already handle the `extract` op; `report.json` then counts op `extract`).
 
 Without options it does what `extract_corpus` does, in the same order. It prints a JSON line with
 the timeline of its phases (seconds since the interpreter started).
@@ -47,6 +50,7 @@ def main() -> None:
     parser.add_argument("--order", choices=("plan", "longest-first"), default="plan")
     parser.add_argument("--overlap", action="store_true")
     parser.add_argument("--fast-stop", action="store_true")
+    parser.add_argument("--combine", action="store_true")
     args = parser.parse_args()
 
     from pipeline.corpus import read_corpus
@@ -58,6 +62,8 @@ def main() -> None:
 
     marks: dict[str, float] = {"imported": time.time()}
     ops = args.ops.split(",")
+    if args.combine and sorted(ops) == ["embed", "tokenize"]:
+        ops = ["extract"]
     settings = Settings.load().model_copy(update={"model_dir": args.models})
     shard_size = args.shard_size or settings.shard_size
     lock = lock_output(args.out)
@@ -85,7 +91,9 @@ def main() -> None:
     try:
         cluster.wait_ready()
         marks["ready"] = time.time()
-        report = run_corpus(create_app(local), local, plan, args.out, True, {"input": str(args.source)}, STARTED)
+        report = run_corpus(
+            create_app(local), local, plan, args.out, True, {"input": str(args.source)}, STARTED
+        )
         marks["merged"] = time.time()
     finally:
         if args.fast_stop and cluster.process is not None:

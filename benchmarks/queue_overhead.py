@@ -6,7 +6,7 @@
   overhead = submit -> result (Celery `AsyncResult.get`, which the Redis result backend
   answers by pub/sub) minus the time inside the task (`timings_ms`: decode, features, model).
   p50 and p99 (target p50 < 5 ms). The same through `workers.client.Client` (`submit` +
-  `as_completed`, which polls every 20 ms) for comparison.
+  `as_completed`, which polls the result keys every 20 ms by default), and with a 2 ms poll.
 - throughput: all tasks submitted at once, then collected: tasks per second with 2 worker
   processes.
 """
@@ -26,6 +26,8 @@ from benchmarks.common import log, percentile, results_dir, summary, write_resul
 from benchmarks.corpus import WORK_DIR, make_models
 
 OPS = ("tokenize", "embed")
+CLIENT_POLL_S = 0.02  # `Client.as_completed`'s default
+FAST_POLL_S = 0.002
 
 
 def make_clip(folder: Path, seconds: float = 1.0) -> Path:
@@ -70,30 +72,35 @@ def latency(app: Any, clip: Path, count: int) -> dict[str, Any]:
     }
 
 
-def client_latency(settings: Any, app: Any, clip: Path, count: int) -> dict[str, Any]:
+def client_latency(settings: Any, clip: Path, count: int, poll_s: float) -> dict[str, Any]:
+    """The producer's view: `Client.submit` then `Client.as_completed` (MGET every `poll_s`)."""
     from workers.client import Client
 
-    client = Client(settings, app=app)
+    client = Client(settings)
     overheads = []
     for index in range(count):
         op = OPS[index % 2]
         started = time.perf_counter()
         job = client.submit(op, clip)
-        result = next(iter(client.as_completed([job], timeout_s=60)))
+        result = next(iter(client.as_completed([job], timeout_s=60, poll_s=poll_s)))
         elapsed = time.perf_counter() - started
         if result.error:
             raise RuntimeError(f"task failed: {result.error}")
         overheads.append((elapsed - sum(result.timings_ms.values()) / 1000) * 1000)
     return {
         "tasks": count,
-        "overhead_ms": {"p50": round(percentile(overheads, 50), 3), "p99": round(percentile(overheads, 99), 3)},
+        "overhead_ms": {
+            "p50": round(percentile(overheads, 50), 3),
+            "p99": round(percentile(overheads, 99), 3),
+        },
     }
 
 
 def throughput(app: Any, clip: Path, count: int) -> dict[str, Any]:
     started = time.perf_counter()
     pending = [
-        app.send_task(f"voxmill.{OPS[i % 2]}", args=[{"path": str(clip)}], queue=OPS[i % 2]) for i in range(count)
+        app.send_task(f"voxmill.{OPS[i % 2]}", args=[{"path": str(clip)}], queue=OPS[i % 2])
+        for i in range(count)
     ]
     submitted = time.perf_counter()
     inside = 0.0
@@ -119,10 +126,20 @@ def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, An
     clip = make_clip(WORK_DIR / "queue").resolve()
     embedded = EmbeddedRedis().start()
     settings = Settings.load(environ={}).model_copy(
-        update={"broker_url": embedded.url, "model_dir": models, "provider": "cpu", "allowed_roots": (clip.parent,)}
+        update={
+            "broker_url": embedded.url,
+            "model_dir": models,
+            "provider": "cpu",
+            "allowed_roots": (clip.parent,),
+        }
     )
     cluster = LocalWorkers(settings, 2, queues=list(OPS)).start()
-    runs: dict[str, list[dict[str, Any]]] = {"latency": [], "client": [], "throughput": []}
+    runs: dict[str, list[dict[str, Any]]] = {
+        "latency": [],
+        "client": [],
+        "client_fast_poll": [],
+        "throughput": [],
+    }
     try:
         cluster.wait_ready()
         app = create_app(settings)
@@ -130,7 +147,8 @@ def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, An
         for repeat in range(repeats):
             log(f"queue overhead: repeat {repeat + 1}/{repeats}")
             runs["latency"].append(latency(app, clip, tasks))
-            runs["client"].append(client_latency(settings, app, clip, max(20, tasks // 5)))
+            runs["client"].append(client_latency(settings, clip, max(20, tasks // 5), CLIENT_POLL_S))
+            runs["client_fast_poll"].append(client_latency(settings, clip, max(20, tasks // 5), FAST_POLL_S))
             runs["throughput"].append(throughput(app, clip, tasks))
     finally:
         cluster.stop(timeout_s=5.0)
@@ -144,6 +162,11 @@ def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, An
         "overhead_p50_ms": summary([r["overhead_ms"]["p50"] for r in runs["latency"]], 3),
         "overhead_p99_ms": summary([r["overhead_ms"]["p99"] for r in runs["latency"]], 3),
         "client_overhead_p50_ms": summary([r["overhead_ms"]["p50"] for r in runs["client"]], 3),
+        "client_fast_poll_overhead_p50_ms": summary(
+            [r["overhead_ms"]["p50"] for r in runs["client_fast_poll"]], 3
+        ),
+        "client_poll_s": CLIENT_POLL_S,
+        "fast_poll_s": FAST_POLL_S,
         "tasks_per_s": summary([r["tasks_per_s"] for r in runs["throughput"]], 1),
         "target_p50_ms": 5.0,
         "runs": runs,

@@ -78,7 +78,11 @@ def machine_lines(data: dict[str, Any]) -> list[str]:
         f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['memory_gb']} GB; Python {m['python']}, "
         f"onnxruntime {m['onnxruntime']}, numpy {m['numpy']}, celery {m['celery']}; commit "
         f"`{(m.get('commit') or '?')[:10]}`{' (+ local changes)' if m.get('dirty') else ''}; measured {m['time']}"
-        + (f"; load average before/after {load_avg[0][0]}/{load_avg[1][0]}" if load_avg[0] and load_avg[1] else "")
+        + (
+            f"; load average before/after {load_avg[0][0]}/{load_avg[1][0]}"
+            if load_avg[0] and load_avg[1]
+            else ""
+        )
         + ".",
         "",
     ]
@@ -117,7 +121,15 @@ def main_section(data: dict[str, Any]) -> list[str]:
             ]
         )
     lines += table(
-        ["op", "limit", "voxmill extract", "plain loop", "voxmill / limit", "in-task / limit", "speed-up vs loop"],
+        [
+            "op",
+            "limit",
+            "voxmill extract",
+            "plain loop",
+            "voxmill / limit",
+            "in-task / limit",
+            "speed-up vs loop",
+        ],
         rows,
     )
     lines += [
@@ -147,7 +159,10 @@ def main_section(data: dict[str, Any]) -> list[str]:
     }
     lines += [
         "Everything but inference, per utterance (target ≤ 10 %): "
-        + "; ".join(f"{op} {pct(v)} ({'met' if v <= targets['non_inference_share'] else 'not met'})" for op, v in non_inference.items())
+        + "; ".join(
+            f"{op} {pct(v)} ({'met' if v <= targets['non_inference_share'] else 'not met'})"
+            for op, v in non_inference.items()
+        )
         + ".",
         "",
         "Peak RSS of a worker process during the runs: "
@@ -168,7 +183,9 @@ def scaling_section(data: dict[str, Any]) -> list[str]:
         "",
     ]
     rows = []
-    for label, res in [("end to end", data["end_to_end"])] + [(f"{op}, model only", r) for op, r in data["model_only"].items()]:
+    for label, res in [("end to end", data["end_to_end"])] + [
+        (f"{op}, model only", r) for op, r in data["model_only"].items()
+    ]:
         rows.append(
             [
                 label,
@@ -179,7 +196,9 @@ def scaling_section(data: dict[str, Any]) -> list[str]:
                 fmt(res["processes_vs_threads"], 2, "×"),
             ]
         )
-    lines += table(["", "1x1", "2x1", "1x2", "2 vs 1 process (target ≥ 1.8×)", "2x1 faster than 1x2 by"], rows)
+    lines += table(
+        ["", "1x1", "2x1", "1x2", "2 vs 1 process (target ≥ 1.8×)", "2x1 faster than 1x2 by"], rows
+    )
     return lines
 
 
@@ -204,7 +223,9 @@ def coldstart_section(data: dict[str, Any]) -> list[str]:
                 f"{verdict(res['first_inference_ms'], 100.0, False)}",
             ]
         )
-    lines += table(["model", "spawn → imported", "load", "spawn → warmed", "first 10 s inference", "guide"], rows)
+    lines += table(
+        ["model", "spawn → imported", "load", "spawn → warmed", "first 10 s inference", "guide"], rows
+    )
     worker = data["worker"]
     lines += [
         f"A Celery worker process (`LocalWorkers`, both queues, both {data['models']} models), spawned with one task "
@@ -255,7 +276,8 @@ def memory_section(data: dict[str, Any]) -> list[str]:
         ]
     )
     lines += table(
-        ["load mode", "file", "load", "RSS after 25 s clip", "peak RSS", "< 1 GB", "10 s clip", "outputs"], rows
+        ["load mode", "file", "load", "RSS after 25 s clip", "peak RSS", "< 1 GB", "10 s clip", "outputs"],
+        rows,
     )
     return lines
 
@@ -264,9 +286,10 @@ def variants_section(data: dict[str, Any]) -> list[str]:
     lines = [
         "## Driver changes, measured with a prototype (proposals for `workers/driver.py`)",
         "",
-        "`benchmarks/prototype.py` runs `extract_corpus`'s steps with one change at a time; `extract` is "
-        "`voxmill extract` itself, `prototype` the prototype without changes (a check that it is equivalent). "
-        "Tail = last task → exit, start-up = spawn → first task, per worker process.",
+        "`benchmarks/prototype.py` runs `extract_corpus`'s steps with one change at a time (`extract` is "
+        "`voxmill extract` itself); `blas-1-thread` is `voxmill extract` with `OPENBLAS_NUM_THREADS=1`; "
+        "`shard-size-N` is `--shard-size N`. Tail = last task → exit, start-up = spawn → first task, "
+        "per worker process.",
         "",
     ]
     for op, variants in data["ops"].items():
@@ -296,9 +319,17 @@ def queue_section(data: dict[str, Any]) -> list[str]:
         *table(
             ["metric", "value", "target"],
             [
-                ["overhead p50", fmt(data["overhead_p50_ms"], 2, " ms"), f"< 5 ms: {verdict(data['overhead_p50_ms'], 5.0, False)}"],
+                [
+                    "overhead p50",
+                    fmt(data["overhead_p50_ms"], 2, " ms"),
+                    f"< 5 ms: {verdict(data['overhead_p50_ms'], 5.0, False)}",
+                ],
                 ["overhead p99", fmt(data["overhead_p99_ms"], 2, " ms"), ""],
-                ["overhead p50 through `Client.as_completed` (polls every 20 ms)", fmt(data["client_overhead_p50_ms"], 2, " ms"), ""],
+                [
+                    "overhead p50 through `Client.as_completed` (polls every 20 ms)",
+                    fmt(data["client_overhead_p50_ms"], 2, " ms"),
+                    "",
+                ],
                 ["tasks/s, all submitted at once, 2 processes", fmt(data["tasks_per_s"], 1), ""],
             ],
         ),
@@ -307,22 +338,32 @@ def queue_section(data: dict[str, Any]) -> list[str]:
 
 def throughput_section(data: dict[str, Any]) -> list[str]:
     corpus = data["corpus"]
+    rows = [
+        [
+            "voxmill extract (whole process)",
+            fmt(data["voxmill_audio_s_per_s"], 1),
+            fmt(data["speedup"], 2, "×"),
+        ],
+        ["Extractor plain loop (whole process)", fmt(data["plain_audio_s_per_s"], 1), "1×"],
+        ["Extractor plain loop (loop only)", fmt(data["plain_loop_only_audio_s_per_s"], 1), ""],
+    ]
+    labels = {
+        "decode-once": "prototype: `extract` shards (decode once, both models)",
+        "proposals": "prototype: decode once + longest first + fast stop",
+    }
+    for kind, res in data.get("prototypes", {}).items():
+        rows.append(
+            [labels.get(kind, kind), fmt(res["audio_s_per_s"], 1), fmt(res["speedup_vs_plain"], 2, "×")]
+        )
     return [
         "## Corpus throughput (issue 4)",
         "",
         f"{corpus['clips']} clips of {corpus['duration_s']['min']:.0f}–{corpus['duration_s']['max']:.0f} s "
         f"({corpus['audio_s'] / 60:.1f} min), {data['models']} stand-ins, ops {', '.join(data['ops'])}; "
-        f"`voxmill extract` with {data['workers']} local workers vs `Extractor` in one process (each clip decoded once).",
+        f"`voxmill extract` with {data['workers']} local workers vs `Extractor` in one process "
+        "(each clip decoded once, both models).",
         "",
-        *table(
-            ["", "audio seconds per wall second"],
-            [
-                ["voxmill extract (whole process)", fmt(data["voxmill_audio_s_per_s"], 1)],
-                ["Extractor plain loop (whole process)", fmt(data["plain_audio_s_per_s"], 1)],
-                ["Extractor plain loop (loop only)", fmt(data["plain_loop_only_audio_s_per_s"], 1)],
-                ["speed-up", fmt(data["speedup"], 2, "×")],
-            ],
-        ),
+        *table(["", "audio seconds per wall second", "speed-up vs plain loop"], rows),
     ]
 
 
@@ -364,7 +405,9 @@ def core_section(data: dict[str, Any]) -> list[str]:
     speeds = parity["feature_ms_per_audio_s"]
     lines += [
         f"soxr vs torchaudio's resampler (44.1 kHz stereo fixture): max abs {resample['max_abs']:.2e}, "
-        f"SNR {resample['snr_db']:.1f} dB, length difference {resample['length_diff']} samples.",
+        f"SNR {resample['snr_db']:.1f} dB over the whole band, {resample.get('snr_below_6khz_db', float('nan')):.1f} dB "
+        f"below 6 kHz (torchaudio's default filter rolls off early), length difference "
+        f"{resample['length_diff']} samples.",
         "",
         "Feature cost, ms per audio second (10 s clip): "
         + "; ".join(f"{name} {fmt(v, 3)}" for name, v in speeds.items())
@@ -443,7 +486,11 @@ def plot(folder: Path, out: Path) -> Path | None:
     ops = list(main["ops"])
     audio_s = main["corpus"]["audio_s"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    kinds = (("limit_wall_s", "limit", "#4c72b0"), ("voxmill_wall_s", "voxmill extract", "#55a868"), ("plain_wall_s", "plain loop", "#c44e52"))
+    kinds = (
+        ("limit_wall_s", "limit", "#4c72b0"),
+        ("voxmill_wall_s", "voxmill extract", "#55a868"),
+        ("plain_wall_s", "plain loop", "#c44e52"),
+    )
     width = 0.25
     for index, (key, label, color) in enumerate(kinds):
         medians, errors_low, errors_high = [], [], []
@@ -454,7 +501,9 @@ def plot(folder: Path, out: Path) -> Path | None:
             errors_low.append(rate - audio_s / wall["max"])
             errors_high.append(audio_s / wall["min"] - rate)
         positions = [i + (index - 1) * width for i in range(len(ops))]
-        left.bar(positions, medians, width, label=label, color=color, yerr=[errors_low, errors_high], capsize=3)
+        left.bar(
+            positions, medians, width, label=label, color=color, yerr=[errors_low, errors_high], capsize=3
+        )
     left.set_xticks(range(len(ops)), ops)
     left.set_ylabel("audio seconds per wall second")
     left.set_title(f"Throughput ({main['workers']} cores, {main['models']} stand-ins)")
@@ -502,7 +551,10 @@ def write_report(folder: Path, target: Path | None = None) -> Path:
         "",
     ]
     if image is not None:
-        lines += [f"![throughput and stages]({image.relative_to(target.parent) if image.is_relative_to(target.parent) else image})", ""]
+        lines += [
+            f"![throughput and stages]({image.relative_to(target.parent) if image.is_relative_to(target.parent) else image})",
+            "",
+        ]
     first = True
     for name, render in SECTIONS:
         data = load(folder, name)

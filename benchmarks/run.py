@@ -28,6 +28,7 @@ Sections (each writes `benchmarks/results/<section>.json`, machine and versions 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -62,6 +63,9 @@ from benchmarks.limit import measure_limit
 
 SECTIONS = ("core", "main", "scaling", "coldstart", "memory", "variants", "queue", "throughput")
 OPS = ("tokenize", "embed")
+# What a worker process needs besides its single-threaded ONNX Runtime session: numpy's BLAS
+# (OpenBLAS) otherwise starts one thread per core for the features' matrix products.
+SINGLE_THREAD_BLAS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @dataclass(frozen=True)
@@ -124,14 +128,16 @@ def corpus_info(clips: Sequence[Clip], recipe: CorpusRecipe) -> dict[str, Any]:
 
 def plain_loop(manifest: Path, models: Path, ops: Sequence[str]) -> dict[str, Any]:
     """The plain loop as a whole process, timed from outside."""
-    command = python_command("benchmarks.plain_loop", str(manifest), "--models", str(models), "--ops", ",".join(ops))
-    wall_s, done, sampler = timed_child(command, child_env(), timeout_s=7200)
-    inner = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    import json
-
+    command = python_command(
+        "benchmarks.plain_loop", str(manifest), "--models", str(models), "--ops", ",".join(ops)
+    )
+    child = timed_child(command, child_env(), timeout_s=7200)
+    inner = [line for line in child.done.stdout.splitlines() if line.startswith("{")]
     result: dict[str, Any] = json.loads(inner[-1])
-    result["wall_s"] = round(wall_s, 4)
-    result["rtf_x"] = round(result["audio_s"] / wall_s, 2)
+    result["wall_s"] = round(child.wall_s, 4)
+    result["cpu_s"] = round(child.cpu_s, 3)
+    result["rtf_x"] = round(result["audio_s"] / child.wall_s, 2)
+    sampler = child.sampler
     result["peak_mb"] = max(sampler.peaks_mb.values()) if sampler and sampler.peaks_mb else None
     return result
 
@@ -162,7 +168,12 @@ def section_main(cfg: Config) -> dict[str, Any]:
         "workers": cfg.workers,
         "repeats": cfg.repeats,
         "ops": per_op,
-        "targets": {"tokenize_to_limit": 0.93, "embed_to_limit": 0.85, "speedup_vs_plain": 1.8, "non_inference_share": 0.10},
+        "targets": {
+            "tokenize_to_limit": 0.93,
+            "embed_to_limit": 0.85,
+            "speedup_vs_plain": 1.8,
+            "non_inference_share": 0.10,
+        },
     }
 
 
@@ -181,10 +192,15 @@ def summarize_main(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         process_s = vox["stages"]["process_s"]
         in_tasks = sum(process_s[k] for k in vox["stages"]["share_per_utterance"])
         steady.append(lim["inference_s"] / in_tasks if in_tasks else float("nan"))
+    cpu_to_limit = [lim["inference_cpu_s"] / vox["cpu_s"] for lim, vox in zip(limit, voxmill, strict=True)]
     shown = median_run(voxmill)
     for run in limit:
         run.pop("per_clip_s", None)
     return {
+        "limit_cpu_s": summary([r["inference_cpu_s"] for r in limit]),
+        "voxmill_cpu_s": summary([r["cpu_s"] for r in voxmill]),
+        "plain_cpu_s": summary([r["cpu_s"] for r in plain]),
+        "cpu_ratio_to_limit": summary(cpu_to_limit),
         "limit_wall_s": summary([r["wall_s"] for r in limit]),
         "voxmill_wall_s": summary([r["wall_s"] for r in voxmill]),
         "plain_wall_s": summary([r["wall_s"] for r in plain]),
@@ -219,9 +235,13 @@ def section_scaling(cfg: Config) -> dict[str, Any]:
     def ratios(walls: dict[str, list[float]]) -> dict[str, Any]:
         return {
             "wall_s": {name: summary(values) for name, values in walls.items()},
-            "speedup_2_vs_1_process": summary([a / b for a, b in zip(walls["1x1"], walls["2x1"], strict=True)]),
+            "speedup_2_vs_1_process": summary(
+                [a / b for a, b in zip(walls["1x1"], walls["2x1"], strict=True)]
+            ),
             "processes_vs_threads": summary([a / b for a, b in zip(walls["1x2"], walls["2x1"], strict=True)]),
-            "threads_speedup_1x2_vs_1x1": summary([a / b for a, b in zip(walls["1x1"], walls["1x2"], strict=True)]),
+            "threads_speedup_1x2_vs_1x1": summary(
+                [a / b for a, b in zip(walls["1x1"], walls["1x2"], strict=True)]
+            ),
         }
 
     return {
@@ -257,7 +277,9 @@ def section_coldstart(cfg: Config) -> dict[str, Any]:
         "per_model": {role: summarize_timelines(runs) for role, runs in timelines.items()},
         "worker": {
             "ready_for_first_task_s": summary([r["ready_for_first_task_s"] for r in ready], 3),
-            "heartbeat_ready_s": summary([r["heartbeat_ready_s"] for r in ready if r["heartbeat_ready_s"]], 3),
+            "heartbeat_ready_s": summary(
+                [r["heartbeat_ready_s"] for r in ready if r["heartbeat_ready_s"]], 3
+            ),
             "runs": ready,
         },
         "targets": {"load_s": 5.0, "first_inference_ms": 100.0, "worker_ready_s": 3.0},
@@ -265,7 +287,14 @@ def section_coldstart(cfg: Config) -> dict[str, Any]:
 
 
 def summarize_timelines(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("load_s", "warmup_s", "first_inference_ms", "first_inference_model_ms", "features_ms", "steady_inference_ms")
+    keys = (
+        "load_s",
+        "warmup_s",
+        "first_inference_ms",
+        "first_inference_model_ms",
+        "features_ms",
+        "steady_inference_ms",
+    )
     out: dict[str, Any] = {key: summary([r[key] for r in runs]) for key in keys}
     for mark in runs[0]["marks_s"]:
         out[f"spawn_to_{mark}_s"] = summary([r["marks_s"][mark] for r in runs])
@@ -286,9 +315,13 @@ def section_memory(cfg: Config) -> dict[str, Any]:
     for repeat in range(cfg.repeats):
         for mode in rotate(list(modes), repeat):
             log(f"memory: repeat {repeat + 1}/{cfg.repeats}: tokenizer {mode}")
-            command = python_command("benchmarks.memory", "--models", str(models), "--mode", mode, "--clip-s", "25")
+            command = python_command(
+                "benchmarks.memory", "--models", str(models), "--mode", mode, "--clip-s", "25"
+            )
             runs[mode].append(run_json_child(command, child_env(), timeout_s=600))
-        command = python_command("benchmarks.memory", "--models", str(models), "--role", "embedder", "--clip-s", "25")
+        command = python_command(
+            "benchmarks.memory", "--models", str(models), "--role", "embedder", "--clip-s", "25"
+        )
         embedder.append(run_json_child(command, child_env(), timeout_s=600))
     return {
         "models": cfg.profile,
@@ -324,14 +357,13 @@ def section_variants(cfg: Config) -> dict[str, Any]:
     manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{cfg.main.name}.jsonl")
     variants: dict[str, dict[str, Any]] = {
         "extract": {},
-        "prototype": {"variant": []},
         "longest-first": {"variant": ["--order", "longest-first"]},
         "fast-stop": {"variant": ["--fast-stop"]},
         "all": {"variant": ["--order", "longest-first", "--fast-stop", "--overlap"]},
+        "blas-1-thread": {"env_extra": SINGLE_THREAD_BLAS},
     }
     for size in cfg.variant_shard_sizes:
         variants[f"shard-size-{size}"] = {"shard_size": size}
-        variants[f"all+shard-size-{size}"] = {"variant": variants["all"]["variant"], "shard_size": size}
     if cfg.quick:
         variants = {k: variants[k] for k in ("extract", "all")}
     per_op: dict[str, Any] = {}
@@ -374,16 +406,20 @@ def section_throughput(cfg: Config) -> dict[str, Any]:
     models = make_models(cfg.profile)
     clips = make_corpus(cfg.issue4)
     manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{cfg.issue4.name}.jsonl")
-    voxmill: list[dict[str, Any]] = []
-    plain: list[dict[str, Any]] = []
+    kinds: dict[str, list[str] | None] = {"voxmill": None, "plain": None}
+    if not cfg.quick:
+        kinds["decode-once"] = ["--combine"]
+        kinds["proposals"] = ["--combine", "--order", "longest-first", "--fast-stop"]
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for repeat in range(cfg.repeats):
-        for kind in rotate(("voxmill", "plain"), repeat):
+        for kind in rotate(list(kinds), repeat):
             log(f"throughput: repeat {repeat + 1}/{cfg.repeats}: {kind}")
-            if kind == "voxmill":
-                voxmill.append(run_extract(manifest, models, list(OPS), 2))
+            if kind == "plain":
+                runs[kind].append(plain_loop(manifest, models, list(OPS)))
             else:
-                plain.append(plain_loop(manifest, models, list(OPS)))
+                runs[kind].append(run_extract(manifest, models, list(OPS), 2, variant=kinds[kind]))
     audio_s = sum(c.duration_s for c in clips)
+    voxmill, plain = runs["voxmill"], runs["plain"]
     return {
         "corpus": corpus_info(clips, cfg.issue4),
         "models": cfg.profile,
@@ -394,8 +430,22 @@ def section_throughput(cfg: Config) -> dict[str, Any]:
         "plain_audio_s_per_s": summary([audio_s / r["wall_s"] for r in plain], 2),
         "plain_loop_only_audio_s_per_s": summary([audio_s / r["loop_s"] for r in plain], 2),
         "speedup": summary([p["wall_s"] / v["wall_s"] for p, v in zip(plain, voxmill, strict=True)]),
+        "prototypes": {
+            kind: {
+                "audio_s_per_s": summary([audio_s / r["wall_s"] for r in runs[kind]], 2),
+                "vs_extract": summary(
+                    [v["wall_s"] / r["wall_s"] for v, r in zip(voxmill, runs[kind], strict=True)]
+                ),
+                "speedup_vs_plain": summary(
+                    [p["wall_s"] / r["wall_s"] for p, r in zip(plain, runs[kind], strict=True)]
+                ),
+                "options": kinds[kind],
+            }
+            for kind in kinds
+            if kind not in ("voxmill", "plain")
+        },
         "stages": median_run(voxmill)["stages"],
-        "runs": {"voxmill": voxmill, "plain": plain},
+        "runs": runs,
     }
 
 

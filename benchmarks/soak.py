@@ -18,11 +18,13 @@ extract in turn). Phases:
    once, or a result key that was never submitted. Redis memory is sampled while it runs (peak).
 3. expiry: wait until no result key is left; Redis memory then, against the baseline. Worker RSS
    after the run against after warm-up (target: growth < 10 %), and the same PIDs.
-4. queued: `--queued` jobs from one producer (the same `Client.submit` loop) while the workers
-   run, then the queues are purged, the workers stopped and `--queued` more are queued with no
-   worker at all. The producer's submit rate in both (target: with workers >= half of without),
-   and Redis `used_memory` every tenth of the way with no workers: bytes per queued job, and
-   back to the baseline after the purge.
+4. queued: `--queued` jobs from one producer (the same `Client.submit` loop) in ten chunks that
+   alternate between the workers consuming and not consuming (their consumers cancelled by
+   Celery remote control: the processes stay up, idle), so both conditions share whatever else
+   happens meanwhile (an AOF rewrite, other load). The producer's submit rate in each (target:
+   slowed by at most 2x by the workers), Redis memory after each chunk, and, once the results of
+   the jobs that ran have expired, bytes of Redis memory per queued job; then the queues are
+   purged and memory must come back to its start.
 
 It prints a table and writes `benchmarks/results/soak.json` (or `--out`).
 """
@@ -34,6 +36,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -308,43 +311,96 @@ def soak_phase(soak: Soak, count: int, baseline: dict[str, Any]) -> dict[str, An
     }
 
 
-def queued_phase(soak: Soak, count: int) -> dict[str, Any]:
-    """Producer rate with workers running vs none; Redis bytes per queued job with none."""
-    steps = 10
-    with_workers_start = soak.used_memory()
-    jobs, with_workers_s = submit(soak, count)
-    peak_with_workers = soak.used_memory()
-    consumed = count - sum(int(soak.redis.llen(q)) for q in QUEUES) if soak.redis else 0
-    soak.stop_workers()  # first: a warm shutdown puts prefetched messages back in the queues
-    soak.purge_queues()
-    wait_for_expiry(soak, timeout_s=soak.result_expires_s + 120)
-    base = soak.used_memory()
-    checkpoints = [(0, base)]
-    started = time.perf_counter()
-    for step in range(steps):
-        submit(soak, count // steps, offset=step * (count // steps))
-        checkpoints.append(((step + 1) * (count // steps), soak.used_memory()))
-    no_workers_s = time.perf_counter() - started
-    queued = sum(int(soak.redis.llen(q)) for q in QUEUES) if soak.redis else 0
-    soak.purge_queues()
-    after_purge = soak.used_memory()
-    per_step = [(b - a) / (n1 - n0) for (n0, a), (n1, b) in zip(checkpoints, checkpoints[1:], strict=False)]
-    rate_with = count / with_workers_s
-    rate_without = (count // steps * steps) / no_workers_s
+def redis_memory(soak: Soak) -> dict[str, int]:
+    """used_memory, the dataset part of it, the AOF buffers, and whether an AOF rewrite runs."""
+    assert soak.redis is not None
+    memory = soak.redis.info("memory")
+    persistence = soak.redis.info("persistence")
     return {
-        "jobs": count,
+        "used_memory": int(memory["used_memory"]),
+        "used_memory_dataset": int(memory["used_memory_dataset"]),
+        "mem_aof_buffer": int(memory.get("mem_aof_buffer", 0)),
+        "aof_rewrite_in_progress": int(persistence.get("aof_rewrite_in_progress", 0)),
+    }
+
+
+def queue_length(soak: Soak) -> int:
+    assert soak.redis is not None
+    return sum(int(soak.redis.llen(q)) for q in QUEUES)
+
+
+def set_consuming(soak: Soak, on: bool) -> None:
+    """Let the workers take jobs from every queue, or stop them taking any (they stay up, idle)."""
+    assert soak.client is not None
+    control = soak.client.app.control
+    for queue in QUEUES:
+        if on:
+            control.add_consumer(queue, reply=True, timeout=10)
+        else:
+            control.cancel_consumer(queue, reply=True, timeout=10)
+
+
+def wait_for_aof_rewrite(soak: Soak, timeout_s: float = 300.0) -> None:
+    """Until no AOF rewrite runs (its buffer counts in used_memory while it does)."""
+    assert soak.redis is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = soak.redis.info("persistence")
+        if not int(info.get("aof_rewrite_in_progress", 0)) and not int(info.get("aof_rewrite_scheduled", 0)):
+            return
+        time.sleep(0.5)
+
+
+def queued_phase(soak: Soak, count: int, chunks: int = 10) -> dict[str, Any]:
+    """Producer rate with workers consuming vs not, in alternating chunks; Redis bytes per queued job.
+
+    Chunks alternate so that both conditions share whatever else happens meanwhile (AOF
+    rewrites, other load on the machine). "Not consuming" is the workers' consumers cancelled
+    (Celery remote control): the processes stay up, idle, as if there were none.
+    """
+    wait_for_aof_rewrite(soak)
+    base = redis_memory(soak)
+    size = count // chunks
+    rates: dict[str, list[float]] = {"with_workers": [], "without_workers": []}
+    checkpoints = []
+    for chunk in range(chunks):
+        consuming = chunk % 2 == 0
+        set_consuming(soak, consuming)
+        _, seconds = submit(soak, size, offset=chunk * size)
+        rates["with_workers" if consuming else "without_workers"].append(size / seconds)
+        checkpoints.append(
+            {"submitted": (chunk + 1) * size, "queued": queue_length(soak), **redis_memory(soak)}
+        )
+    set_consuming(soak, False)
+    wait_for_expiry(soak, timeout_s=soak.result_expires_s + 120)  # results of the jobs that did run
+    wait_for_aof_rewrite(soak)
+    queued = queue_length(soak)
+    full = redis_memory(soak)
+    soak.purge_queues()
+    wait_for_aof_rewrite(soak)
+    after_purge = redis_memory(soak)
+    set_consuming(soak, True)
+    rate_with = statistics.median(rates["with_workers"])
+    rate_without = statistics.median(rates["without_workers"])
+    return {
+        "jobs": size * chunks,
+        "chunks": chunks,
         "producer_jobs_per_s_with_workers": round(rate_with, 1),
         "producer_jobs_per_s_without_workers": round(rate_without, 1),
+        "producer_rates_per_chunk": {k: [round(v, 1) for v in vs] for k, vs in rates.items()},
         "slowdown": round(rate_without / rate_with, 3),
-        "consumed_while_producing": consumed,
-        "redis_used_memory_with_workers": {"start": with_workers_start, "end": peak_with_workers},
-        "queued_without_workers": queued,
-        "redis_used_memory_checkpoints": [{"queued": n, "used_memory": m} for n, m in checkpoints],
-        "bytes_per_queued_job": round((checkpoints[-1][1] - base) / max(1, checkpoints[-1][0]), 1),
-        "bytes_per_job_per_step": {"min": round(min(per_step), 1), "max": round(max(per_step), 1)},
-        "redis_used_memory_after_purge": after_purge,
-        "redis_used_memory_base": base,
-        "job_ids_unique": len({job.id for job in jobs}) == len(jobs),
+        "queued_at_end": queued,
+        "consumed_while_producing": size * chunks - queued,
+        "redis_memory_base": base,
+        "redis_memory_checkpoints": checkpoints,
+        "redis_memory_queued": full,
+        "redis_memory_after_purge": after_purge,
+        "bytes_per_queued_job": round((full["used_memory"] - base["used_memory"]) / max(1, queued), 1),
+        "dataset_bytes_per_queued_job": round(
+            (full["used_memory_dataset"] - base["used_memory_dataset"]) / max(1, queued), 1
+        ),
+        "peak_used_memory": max(c["used_memory"] for c in checkpoints),
+        "aof_rewrite_seen": any(c["aof_rewrite_in_progress"] for c in checkpoints),
     }
 
 
@@ -403,24 +459,28 @@ def table(report: dict[str, Any]) -> str:
     ]
     if "queued" in report:
         q = report["queued"]
+        base, full, purged = q["redis_memory_base"], q["redis_memory_queued"], q["redis_memory_after_purge"]
         rows += [
-            ("queued jobs per producer run", str(q["jobs"])),
-            ("producer rate, workers running", f"{q['producer_jobs_per_s_with_workers']} jobs/s"),
-            ("producer rate, no workers", f"{q['producer_jobs_per_s_without_workers']} jobs/s"),
+            ("queued jobs (alternating chunks)", f"{q['jobs']} in {q['chunks']} chunks"),
+            ("producer rate, workers consuming (median)", f"{q['producer_jobs_per_s_with_workers']} jobs/s"),
+            (
+                "producer rate, no worker consuming (median)",
+                f"{q['producer_jobs_per_s_without_workers']} jobs/s",
+            ),
             ("slowdown (target <= 2x)", f"{q['slowdown']}x"),
             (
                 "Redis bytes per queued job",
-                f"{q['bytes_per_queued_job']} (per tenth: "
-                f"{q['bytes_per_job_per_step']['min']}-{q['bytes_per_job_per_step']['max']})",
-            ),  # fmt: skip
+                f"{q['bytes_per_queued_job']} (dataset {q['dataset_bytes_per_queued_job']})",
+            ),
+            (f"Redis with {q['queued_at_end']} queued", mb(full["used_memory"])),
             (
-                f"Redis with {q['queued_without_workers']} queued",
-                mb(q["redis_used_memory_checkpoints"][-1]["used_memory"]),
+                "Redis peak while producing",
+                f"{mb(q['peak_used_memory'])} (AOF rewrite seen: {q['aof_rewrite_seen']})",
             ),
             (
                 "Redis after purging the queue",
-                f"{mb(q['redis_used_memory_after_purge'])} (base {mb(q['redis_used_memory_base'])})",
-            ),  # fmt: skip
+                f"{mb(purged['used_memory'])} (base {mb(base['used_memory'])})",
+            ),
         ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)

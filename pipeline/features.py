@@ -1,12 +1,15 @@
 """Model input features, computed with numpy exactly as CosyVoice's torch code does.
 
 - `whisper_log_mel`: whisper's `log_mel_spectrogram` (speech tokenizer input).
-- `kaldi_fbank`: torchaudio's `compliance.kaldi.fbank` (CAM++ input), via kaldi-native-fbank.
+- `kaldi_fbank`: torchaudio's `compliance.kaldi.fbank` (CAM++ input), vectorised over frames
+  (about 3x faster than kaldi-native-fbank, and nearer torch's numbers).
 """
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -14,6 +17,13 @@ import numpy.typing as npt
 SAMPLE_RATE_HZ = 16000
 N_FFT = 400
 HOP = 160
+KALDI_FRAME = 400  # 25 ms
+KALDI_SHIFT = 160  # 10 ms
+KALDI_FFT = 512  # the frame zero-padded to a power of two
+KALDI_LOW_HZ = 20.0
+PREEMPHASIS = 0.97
+FLOAT32_EPS = float(np.finfo(np.float32).eps)
+FBANK_BLOCK_FRAMES = 256  # frames per block: about 2.5 s of audio, small enough to stay in cache
 FloatArray = npt.NDArray[np.float32]
 
 
@@ -58,25 +68,86 @@ def whisper_log_mel(wave: FloatArray, n_mels: int = 128) -> FloatArray:
     return out
 
 
+@lru_cache(maxsize=4)
+def kaldi_mel_banks(num_mel_bins: int) -> npt.NDArray[np.float64]:
+    """Kaldi's triangular mel filters [num_mel_bins, 256] (20 Hz to Nyquist, 512-point FFT).
+
+    Computed in float32 exactly as torchaudio's `get_mel_banks` does (the filters' near-zero
+    tails set how a pure tone leaks into neighbouring bins), returned as float64.
+    """
+    f32 = np.float32
+    low_mel = 1127.0 * math.log(1.0 + KALDI_LOW_HZ / 700.0)
+    high_mel = 1127.0 * math.log(1.0 + (SAMPLE_RATE_HZ / 2) / 700.0)
+    delta = (high_mel - low_mel) / (num_mel_bins + 1)
+    bins = np.arange(num_mel_bins, dtype=f32)[:, np.newaxis]
+    left = f32(low_mel) + bins * f32(delta)
+    center = f32(low_mel) + (bins + f32(1.0)) * f32(delta)
+    right = f32(low_mel) + (bins + f32(2.0)) * f32(delta)
+    fft_hz = f32(SAMPLE_RATE_HZ / KALDI_FFT) * np.arange(KALDI_FFT // 2, dtype=f32)
+    mel = (f32(1127.0) * np.log(f32(1.0) + fft_hz / f32(700.0)))[np.newaxis, :]
+    up = (mel - left) / (center - left)
+    down = (right - mel) / (right - center)
+    banks: npt.NDArray[np.float64] = np.maximum(f32(0.0), np.minimum(up, down)).astype(np.float64)
+    return banks
+
+
+@lru_cache(maxsize=4)
+def _sparse_mel_banks(num_mel_bins: int) -> Any:
+    """`kaldi_mel_banks` as a CSR matrix: each filter covers a few FFT bins (about 500 of 20480
+    weights are non-zero), and a sparse product never starts BLAS threads."""
+    import scipy.sparse
+
+    return scipy.sparse.csr_matrix(kaldi_mel_banks(num_mel_bins))
+
+
+@lru_cache(maxsize=1)
+def povey_window() -> npt.NDArray[np.float64]:
+    """Kaldi's Povey window of 400 samples: a symmetric Hann window to the power 0.85."""
+    n = np.arange(KALDI_FRAME, dtype=np.float64)
+    window: npt.NDArray[np.float64] = (0.5 - 0.5 * np.cos(2.0 * np.pi * n / (KALDI_FRAME - 1))) ** 0.85
+    return window
+
+
 def kaldi_fbank(wave: FloatArray, num_mel_bins: int = 80) -> FloatArray:
     """Kaldi fbank as torchaudio computes it (dither 0, 16 kHz, snip edges): float32 [T', 80].
 
     The wave is the float one in [-1, 1], not scaled to the int16 range (as CosyVoice feeds it).
     T' = 1 + (N - 400) // 160; an empty array when N < 400.
-    """
-    import kaldi_native_fbank as knf
 
-    opts = knf.FbankOptions()
-    opts.frame_opts.dither = 0.0
-    opts.frame_opts.samp_freq = float(SAMPLE_RATE_HZ)
-    opts.mel_opts.num_bins = num_mel_bins
-    fbank = knf.OnlineFbank(opts)
-    fbank.accept_waveform(float(SAMPLE_RATE_HZ), wave.astype(np.float32, copy=False))
-    fbank.input_finished()
-    n = fbank.num_frames_ready
-    if n == 0:
-        return np.zeros((0, num_mel_bins), dtype=np.float32)
-    feats: FloatArray = np.stack([fbank.get_frame(i) for i in range(n)]).astype(np.float32, copy=False)
+    Per 25 ms frame: remove the mean, pre-emphasise (0.97; the first sample against itself),
+    apply the Povey window, zero-pad to 512, |FFT|^2, Kaldi mel filters, log floored at float32
+    epsilon. Vectorised over blocks of frames: the pre-emphasis runs once over the wave (it is
+    the same for every frame but the first sample, which the window zeroes), frame means come
+    from a running sum, and all arithmetic after the wave is float64, so the result is nearer
+    torch's than kaldi-native-fbank's (numbers in BENCHMARKS.md).
+    """
+    import scipy.fft
+
+    samples = np.asarray(wave, dtype=np.float32).reshape(-1)
+    n_frames = 1 + (len(samples) - KALDI_FRAME) // KALDI_SHIFT if len(samples) >= KALDI_FRAME else 0
+    feats: FloatArray = np.empty((n_frames, num_mel_bins), dtype=np.float32)
+    if n_frames == 0:
+        return feats
+    wave64 = samples.astype(np.float64)
+    starts = np.arange(n_frames) * KALDI_SHIFT
+    running = np.concatenate(([0.0], np.cumsum(wave64)))
+    # (x[i] - m) - 0.97 (x[i-1] - m) = x[i] - 0.97 x[i-1] - 0.03 m for i >= 1
+    offsets = (running[starts + KALDI_FRAME] - running[starts]) * ((1.0 - PREEMPHASIS) / KALDI_FRAME)
+    emphasised = wave64[1:] - PREEMPHASIS * wave64[:-1]
+    frames = np.lib.stride_tricks.sliding_window_view(emphasised, KALDI_FRAME - 1)[::KALDI_SHIFT]
+    window = povey_window()[1:]  # window[0] == 0: sample 0 of every frame stays 0
+    banks = _sparse_mel_banks(num_mel_bins)
+    padded = np.zeros((min(FBANK_BLOCK_FRAMES, n_frames), KALDI_FFT), dtype=np.float64)
+    for first in range(0, n_frames, FBANK_BLOCK_FRAMES):
+        last = min(n_frames, first + FBANK_BLOCK_FRAMES)
+        block = padded[: last - first]
+        np.subtract(frames[first:last], offsets[first:last, np.newaxis], out=block[:, 1:KALDI_FRAME])
+        block[:, 1:KALDI_FRAME] *= window
+        spectrum = scipy.fft.rfft(block, axis=1)[:, : KALDI_FFT // 2]
+        power = np.square(spectrum.real)
+        power += np.square(spectrum.imag)
+        energies = banks @ np.ascontiguousarray(power.T)  # [bins, frames]
+        np.log(np.maximum(energies, FLOAT32_EPS).T, out=feats[first:last], casting="same_kind")
     return feats
 
 

@@ -45,6 +45,7 @@ from pipeline.registry import Registry
 from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.settings import Settings
 from workers import generations, keys
+from workers.metrics import NoMetrics
 
 log = logging.getLogger("voxmill.holder")
 HEARTBEAT_TTL_S = 15
@@ -128,6 +129,7 @@ class ModelHolder:
         self._threads: list[threading.Thread] = []
         self._redis: redis.Redis | None = None
         self._slot: str | None = None
+        self.metrics = NoMetrics()
         self._slot_counts: dict[str, tuple[float, int]] = {}
 
     # -- set-up -----------------------------------------------------------------------------
@@ -188,6 +190,7 @@ class ModelHolder:
         elif published:
             self.generations[role] = int(published.get("generation", 0))
         self.sessions[role] = session
+        self.metrics.model_loaded(role, session.sha256, session.load_s, session.warm_latency_ms or 0.0)
         log.info(
             "worker %s loaded %s %s (sha256 %s) in %.2f s, warm latency %.1f ms on %s",
             self.worker_id,
@@ -261,6 +264,7 @@ class ModelHolder:
             return
         key = keys.WORKER.format(worker_id=self.worker_id)
         self._redis.set(key, json.dumps(self.describe()), ex=HEARTBEAT_TTL_S)
+        self.metrics.sample_process()
 
     # -- background: reload -------------------------------------------------------------------
     def _reload_loop(self) -> None:
@@ -376,6 +380,7 @@ class ModelHolder:
         self.reload_failures[role] = ReloadFailure(
             sha256, generation, stamp, reason, attempts, time.monotonic() + delay_s, time.time()
         )
+        self.metrics.reload(role, "failed")
         then = "waiting for the file to change" if wait_for_change else f"retrying in {delay_s:.0f} s"
         current = self.sessions.get(role)
         wanted = f"generation {generation} (sha256 {sha256[:12]})" if sha256 else "its model file"
@@ -401,6 +406,8 @@ class ModelHolder:
                 self.generations[role] = generation
                 self.reload_failures.pop(role, None)
             self.load_errors.pop(role, None)
+        self.metrics.model_loaded(role, candidate.sha256, candidate.load_s, candidate.warm_latency_ms or 0.0)
+        self.metrics.reload(role, "ok")
         log.info(
             "worker %s now serves %s generation %s (sha256 %s, was %s), loaded in %.2f s",
             self.worker_id,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,11 @@ from pipeline.paths import resolve_allowed_path
 from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult
 from pipeline.settings import Settings
 from pipeline.writers import shard_counts, shard_path, write_shard
-from workers import keys
+from workers import keys, metrics
 from workers.holder import ModelHolder, ModelUnavailable
 from workers.keys import QUEUES
 from workers.logs import setup_logging
+from workers.metrics import Metrics, NoMetrics
 
 log = logging.getLogger("voxmill.tasks")
 MAX_RETRIES = 8
@@ -96,7 +98,16 @@ class Runner:
         self.limits = settings.audio_limits
         self.roots = settings.roots()
         self.holder = ModelHolder(settings)
+        self.metrics: NoMetrics = NoMetrics()
         self._redis: redis.Redis | None = None
+
+    def start_process(self) -> None:
+        """In each pool process (or the single one): metrics first, then load the models."""
+        if self.settings.metrics_port:
+            self.metrics = Metrics()
+        self.holder.metrics = self.metrics
+        if self.holder.roles:
+            self.holder.start()
 
     def report_shard(self, task_id: str, result: dict[str, Any]) -> None:
         """Put a shard's result where the corpus driver polls for it (the shard file is the truth)."""
@@ -116,15 +127,26 @@ class Runner:
             label, source = decode_job(job, self.roots)
         except VoxmillError as exc:
             return TaskResult(input=job_label(job), op=op, error=exc.to_dict()).to_dict()
+        started = time.perf_counter()
         try:
-            with self.holder.serving(ROLES_BY_OP[op]) as sessions:
+            with self.metrics.in_flight(), self.holder.serving(ROLES_BY_OP[op]) as sessions:
                 result = process(label, source, op, sessions, self.limits)
         except ModelUnavailable as exc:
             raise task.retry(
                 exc=exc, countdown=retry_countdown(task.request.retries), max_retries=MAX_RETRIES
             ) from exc
+        self.record(op, [result], time.perf_counter() - started)
         log_result(task, result)
         return result.to_dict()
+
+    def record(self, op: str, results: list[TaskResult], seconds: float, outcome: str | None = None) -> None:
+        """Metrics of one task: latency and outcome (default: the first result's), each failure's code."""
+        if results:
+            label = model_label(results[0].models)
+            self.metrics.task_done(op, label, outcome or outcome_of(results[0]), seconds)
+        for result in results:
+            if result.error is not None:
+                self.metrics.failure(op, outcome_of(result))
 
     def shard(self, task: Task, payload: Any) -> dict[str, Any]:
         """A corpus shard: process each utterance, write the shard file, report its counts."""
@@ -147,7 +169,7 @@ class Runner:
         if done is not None:  # a redelivered or resubmitted shard that is already written
             return done
         try:
-            with self.holder.serving(ROLES_BY_OP[spec.op]) as sessions:
+            with self.metrics.in_flight(), self.holder.serving(ROLES_BY_OP[spec.op]) as sessions:
                 results = [self._utterance(u.utt, u.path, spec.op, sessions) for u in spec.utts]
                 models = {role: s.ref.to_dict() for role, s in sessions.items()}
         except ModelUnavailable as exc:
@@ -161,6 +183,7 @@ class Runner:
         except VoxmillError as exc:
             return failed_shard(payload, exc)
         ok = sum(1 for r in results if r.ok)
+        self.record(spec.op, results, time.perf_counter() - started, outcome="ok")
         return ShardResult(
             shard=spec.shard,
             op=spec.op,
@@ -178,6 +201,16 @@ class Runner:
         except VoxmillError as exc:
             return TaskResult(input=utt, op=op, error=exc.to_dict())
         return process(utt, source, op, sessions, self.limits)
+
+
+def model_label(models: dict[str, dict[str, str]]) -> str:
+    """The `model_sha256` label of a result: the sha256 (first 12) of each model used."""
+    return ",".join(f"{role}:{ref['sha256'][:12]}" for role, ref in sorted(models.items()))
+
+
+def outcome_of(result: TaskResult) -> str:
+    """`ok` or the error code."""
+    return "ok" if result.error is None else result.error.get("code", "internal")
 
 
 def finished_shard(out_dir: Path, spec: ShardSpec) -> dict[str, Any] | None:
@@ -286,17 +319,26 @@ def install_worker_hooks(app: Celery, settings: Settings, runner: Runner) -> Non
             return
         opts = options or {}
         runner.holder.configure(queues_from_options(opts, QUEUES), pool_name(opts.get("pool_cls")))
+        if settings.metrics_port:
+            metrics.prepare_multiprocess()  # before the pool forks
 
     def on_process_init(**_: Any) -> None:
-        if runner.holder.roles:
-            runner.holder.start()
+        runner.start_process()
 
     def on_threads_worker_init(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app and runner.holder.pool.startswith("thread"):
-            runner.holder.start()
+            runner.start_process()
+
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        if settings.metrics_port and getattr(sender, "app", None) is app:
+            metrics.serve(settings.metrics_port)
+            logging.getLogger("voxmill.metrics").info(
+                "metrics on http://0.0.0.0:%d/metrics", settings.metrics_port
+            )
 
     def on_shutdown(**_: Any) -> None:
         runner.holder.stop()
+        metrics.mark_process_dead(os.getpid())
 
     def on_setup_logging(**_: Any) -> None:
         setup_logging(settings.log_level, settings.log_format)
@@ -308,3 +350,4 @@ def install_worker_hooks(app: Celery, settings: Settings, runner: Runner) -> Non
     signals.worker_process_init.connect(on_process_init, weak=False)
     signals.worker_init.connect(on_threads_worker_init, weak=False)
     signals.worker_process_shutdown.connect(on_shutdown, weak=False)
+    signals.worker_ready.connect(on_ready, weak=False)

@@ -40,15 +40,29 @@ def _install(trace_dir: str) -> None:
     def open_session(*args, **kwargs):  # type: ignore[no-untyped-def]
         started = time.time()
         session = original_open(*args, **kwargs)
-        emit({"kind": "model", "role": session.role, "start": started, "end": time.time(),
-              "load_s": session.load_s, "warmup_s": session.warmup_s})
+        emit(
+            {
+                "kind": "model",
+                "role": session.role,
+                "start": started,
+                "end": time.time(),
+                "load_s": session.load_s,
+                "warmup_s": session.warmup_s,
+            }
+        )
         return session
 
     def process(label, source, op, sessions, limits):  # type: ignore[no-untyped-def]
         started = time.time()
         result = original_process(label, source, op, sessions, limits)
-        record = {"utt": label, "start": started, "end": time.time(), "ms": result.timings_ms,
-                  "audio_s": result.audio_seconds, "ok": result.ok}
+        record = {
+            "utt": label,
+            "start": started,
+            "end": time.time(),
+            "ms": result.timings_ms,
+            "audio_s": result.audio_seconds,
+            "ok": result.ok,
+        }
         if each:
             emit({"kind": "task", **record})
         else:
@@ -61,8 +75,16 @@ def _install(trace_dir: str) -> None:
         ended = time.time()
         utts = list(pending)
         pending.clear()
-        emit({"kind": "shard", "op": spec.op, "shard": spec.shard, "write_start": started,
-              "write_end": ended, "utts": utts})
+        emit(
+            {
+                "kind": "shard",
+                "op": spec.op,
+                "shard": spec.shard,
+                "write_start": started,
+                "write_end": ended,
+                "utts": utts,
+            }
+        )
         return path
 
     extraction.process = process

@@ -55,8 +55,8 @@ def test_redis_memory_returns_once_results_expire(report: dict[str, Any]) -> Non
 @pytest.mark.slow
 def test_queued_jobs_cost_bounded_memory_and_it_comes_back(report: dict[str, Any]) -> None:
     queued = report["queued"]
-    assert queued["queued_without_workers"] == QUEUED
+    assert queued["jobs"] == QUEUED and queued["queued_at_end"] > QUEUED // 2
     assert 0 < queued["bytes_per_queued_job"] < MAX_BYTES_PER_QUEUED_JOB
-    grown = queued["redis_used_memory_checkpoints"][-1]["used_memory"] - queued["redis_used_memory_base"]
-    assert queued["redis_used_memory_after_purge"] - queued["redis_used_memory_base"] <= 0.1 * grown
-    assert queued["job_ids_unique"]
+    base = queued["redis_memory_base"]["used_memory"]
+    grown = queued["redis_memory_queued"]["used_memory"] - base
+    assert queued["redis_memory_after_purge"]["used_memory"] - base <= 0.1 * grown

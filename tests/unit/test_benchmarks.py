@@ -1,0 +1,105 @@
+"""The benchmark cannot rot: its quick mode runs end to end on tiny models, and its analysis is
+checked on made-up traces. Nothing here asserts on a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common import percentile, summary
+from benchmarks.extract_run import stage_breakdown
+from benchmarks.limit import balance
+from benchmarks.report import fmt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_quick(work_dir: Path, *args: str) -> Path:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXMILL_")}
+    env["BENCH_WORK_DIR"] = str(work_dir)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return work_dir / "quick"
+
+
+def test_quick_benchmark_writes_results_and_report(tmp_path: Path) -> None:
+    quick = run_quick(tmp_path, "--skip", "scaling,variants")
+    results = quick / "results"
+    for name in ("core", "limit-vs-voxmill", "coldstart", "memory", "queue-overhead", "corpus-throughput"):
+        data = json.loads((results / f"{name}.json").read_text())
+        assert {"cpu_model", "cores", "python", "onnxruntime", "numpy", "commit"} <= set(data["machine"])
+    main = json.loads((results / "limit-vs-voxmill.json").read_text())
+    for op in ("tokenize", "embed"):
+        res = main["ops"][op]
+        assert res["ratio_to_limit"]["median"] > 0
+        assert res["stages"]["traced_utterances"] == main["corpus"]["clips"]
+        assert res["stages"]["traced_workers"] == main["workers"]
+    parity = json.loads((results / "core.json").read_text())["parity"]
+    assert parity["fbank_worst"]["above_minus5"] <= 5e-4
+    assert min(parity["embedding_cosine_vs_knf"].values()) >= 0.9999
+    report = (quick / "BENCHMARKS.md").read_text()
+    for heading in ("raw-inference limit", "Cold start", "Queue overhead", "Corpus throughput", "Core library"):
+        assert heading in report
+    assert (results / "bench.png").stat().st_size > 0
+    assert not (ROOT / "benchmarks" / "results" / "quick").exists()
+
+
+@pytest.mark.slow
+def test_quick_scaling_and_driver_variants(tmp_path: Path) -> None:
+    results = run_quick(tmp_path, "--only", "scaling,variants") / "results"
+    scaling = json.loads((results / "scaling.json").read_text())
+    assert set(scaling["end_to_end"]["wall_s"]) == {"1x1", "2x1", "1x2"}
+    variants = json.loads((results / "driver-variants.json").read_text())
+    assert set(variants["ops"]["embed"]) == {"extract", "all"}
+
+
+def test_balance_splits_by_weight() -> None:
+    groups = balance([5.0, 4.0, 3.0, 3.0, 1.0], 2)
+    sums = sorted(sum([5.0, 4.0, 3.0, 3.0, 1.0][i] for i in g) for g in groups)
+    assert sums == [8.0, 8.0]
+    assert sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
+
+
+def test_stage_breakdown_accounts_for_every_worker_second() -> None:
+    utts = [
+        {"utt": "a", "start": 12.0, "end": 13.0, "ms": {"decode": 100, "fbank": 100, "embed": 700}},
+        {"utt": "b", "start": 13.0, "end": 14.0, "ms": {"decode": 100, "resample": 50, "fbank": 50, "embed": 800}},
+    ]
+    traces = {
+        1: [
+            {"kind": "model", "start": 11.0, "end": 11.5},
+            {"kind": "shard", "write_start": 14.0, "write_end": 14.5, "utts": utts[:1]},
+            {"kind": "shard", "write_start": 16.0, "write_end": 16.5, "utts": [{**utts[1], "start": 15.0}]},
+        ],
+        2: [],
+    }
+    result = stage_breakdown(traces, spawned=10.0, ended=20.0, workers=2)
+    seconds = result["process_s"]
+    assert seconds["startup"] == pytest.approx(2.0)
+    assert seconds["inference"] == pytest.approx(1.5)
+    assert seconds["queue_wait"] == pytest.approx(0.5)
+    assert seconds["write"] == pytest.approx(1.0)
+    assert seconds["tail"] == pytest.approx(3.5 + 10.0)
+    assert result["unaccounted_s"] == pytest.approx(0.0, abs=1e-9)
+    assert sum(result["share_of_wall"].values()) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_summaries_and_formatting() -> None:
+    values = [3.0, 1.0, 2.0]
+    assert summary(values) == {"median": 2.0, "min": 1.0, "max": 3.0, "runs": [3.0, 1.0, 2.0]}
+    assert percentile(list(range(101)), 99) == pytest.approx(99.0)
+    assert fmt(summary(values), 1, " s") == "2.0 s (1.0–3.0)"
+    assert fmt(None) == "–"
