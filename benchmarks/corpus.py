@@ -1,7 +1,8 @@
 """The benchmark's inputs: stand-in models and synthetic corpora, generated once and cached.
 
-Everything lives under `benchmarks/work/` (git-ignored; `BENCH_WORK_DIR` moves it) and is rebuilt only when missing or when
-its recipe changed (a `recipe.json` next to the files records what made them).
+Everything lives under `benchmarks/work/` (git-ignored; `BENCH_WORK_DIR` moves it) and is rebuilt
+only when missing or when its recipe changed (a `recipe.json` next to the files records what made
+them).
 
 A corpus is a folder of speech-like clips (`pipeline.demo.speechlike`, three pitches as three
 speakers) in mixed formats and rates, drawn with a fixed seed: 16-bit WAV and FLAC at 16 kHz (most

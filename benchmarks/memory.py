@@ -14,7 +14,9 @@ Modes (all CPU, ORT_ENABLE_ALL, one intra-op thread, no spinning, as `sessions._
   an optimized-model cache (`optimized_model_filepath`, initializers in an external file that
   ONNX Runtime maps) keyed by sha256, provider and ONNX Runtime version, with graph optimisation
   off (the cached graph is already optimised). The cache is built first when missing
-  (`cache_build_s`, not counted in `load_s`).
+  (`cache_build_s`, not counted in `load_s`);
+- `cached-portable`: the same with the cache optimised only up to ORT_ENABLE_EXTENDED (no
+  hardware-specific layouts, so it may be shared between machines) and ORT_ENABLE_ALL at load.
 
 Prints one JSON line: load time, RSS and peak RSS (VmHWM) after import, load, warm-up and a
 `--clip-s` clip, the 10 s clip's latency (median of 5 runs after warm-up) and the outputs' sha256,
@@ -34,7 +36,7 @@ from typing import Any
 
 from benchmarks.corpus import WORK_DIR
 
-MODES = ("voxmill", "released", "no-prepack", "cached")
+MODES = ("voxmill", "released", "no-prepack", "cached", "cached-portable")
 CACHE_DIR = WORK_DIR / "ort-cache"
 
 
@@ -71,11 +73,11 @@ def session_options(ort: Any, level: str = "all") -> Any:
     return so
 
 
-def build_cache(ort: Any, data: bytes, target: Path) -> float:
+def build_cache(ort: Any, data: bytes, target: Path, level: str) -> float:
     """Write the optimized model (+ external initializers) for `data` into `target`; seconds."""
     started = time.perf_counter()
     target.mkdir(parents=True, exist_ok=True)
-    so = session_options(ort)
+    so = session_options(ort, level)
     so.optimized_model_filepath = str(target / "model.onnx")
     so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "model.bin")
     so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")

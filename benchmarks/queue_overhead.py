@@ -9,6 +9,8 @@
   `as_completed`, which polls the result keys every 20 ms by default), and with a 2 ms poll.
 - throughput: all tasks submitted at once, then collected: tasks per second with 2 worker
   processes.
+- split: on a second cluster whose workers trace each task (`benchmarks/trace`), the overhead
+  split into submit -> the task's `process` call starts, and `process` returns -> result seen.
 """
 
 from __future__ import annotations
@@ -117,6 +119,56 @@ def throughput(app: Any, clip: Path, count: int) -> dict[str, Any]:
     }
 
 
+def latency_split(settings: Any, clip: Path, count: int) -> dict[str, Any]:
+    """Where the overhead goes: a separate cluster whose workers trace every `process` call
+    (`benchmarks/trace`), so each task splits into submit -> `process` start (to the worker),
+    `process` itself, and `process` end -> result seen (back to the producer)."""
+    from benchmarks.common import ROOT, TRACE_DIR
+    from benchmarks.extract_run import read_traces
+    from workers.app import create_app
+    from workers.embedded import LocalWorkers
+
+    trace_dir = WORK_DIR / "runs" / f"queue-trace-{time.time_ns()}"
+    trace_dir.mkdir(parents=True)
+    env = {"BENCH_TRACE_DIR": str(trace_dir), "BENCH_TRACE_EACH": "1", "PYTHONPATH": f"{TRACE_DIR}:{ROOT}"}
+    cluster = LocalWorkers(settings, 2, queues=list(OPS), extra_env=env).start()
+    sent: list[tuple[float, float]] = []
+    try:
+        cluster.wait_ready()
+        app = create_app(settings)
+        latency(app, clip, 10)
+        for path in trace_dir.glob("*.jsonl"):
+            path.unlink()
+        for index in range(count):
+            op = OPS[index % 2]
+            submitted = time.time()
+            result = app.send_task(f"voxmill.{op}", args=[{"path": str(clip)}], queue=op)
+            result.get(timeout=60)
+            sent.append((submitted, time.time()))
+            result.forget()
+    finally:
+        cluster.stop(timeout_s=5.0)
+    records = sorted(
+        (r for records in read_traces(trace_dir).values() for r in records if r["kind"] == "task"),
+        key=lambda r: r["start"],
+    )
+    if len(records) != len(sent):
+        return {"error": f"{len(records)} traced tasks for {len(sent)} sent"}
+    to_worker = [(r["start"] - s) * 1000 for r, (s, _) in zip(records, sent, strict=True)]
+    inside = [(r["end"] - r["start"]) * 1000 for r in records]
+    staged = [sum(r["ms"].values()) for r in records]
+    back = [(done - r["end"]) * 1000 for r, (_, done) in zip(records, sent, strict=True)]
+    return {
+        "tasks": count,
+        "to_worker_ms_p50": round(percentile(to_worker, 50), 3),
+        "process_ms_p50": round(percentile(inside, 50), 3),
+        "stages_ms_p50": round(percentile(staged, 50), 3),
+        "back_ms_p50": round(percentile(back, 50), 3),
+        "to_worker_ms_p99": round(percentile(to_worker, 99), 3),
+        "back_ms_p99": round(percentile(back, 99), 3),
+    }
+
+
 def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, Any]:
     from pipeline.settings import Settings
     from workers.app import create_app
@@ -150,6 +202,9 @@ def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, An
             runs["client"].append(client_latency(settings, clip, max(20, tasks // 5), CLIENT_POLL_S))
             runs["client_fast_poll"].append(client_latency(settings, clip, max(20, tasks // 5), FAST_POLL_S))
             runs["throughput"].append(throughput(app, clip, tasks))
+        cluster.stop(timeout_s=5.0)
+        log("queue overhead: traced split")
+        split = latency_split(settings, clip, max(20, tasks // 5))
     finally:
         cluster.stop(timeout_s=5.0)
         embedded.stop()
@@ -168,6 +223,7 @@ def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, An
         "client_poll_s": CLIENT_POLL_S,
         "fast_poll_s": FAST_POLL_S,
         "tasks_per_s": summary([r["tasks_per_s"] for r in runs["throughput"]], 1),
+        "split": split,
         "target_p50_ms": 5.0,
         "runs": runs,
         "quick": quick,

@@ -1,7 +1,7 @@
 """`BENCHMARKS.md` and its plot, generated from the result files (never edited by hand).
 
-Every number is "median (min-max)" over the repeats of one `make bench` run. Results in
-`benchmarks/results/baseline/` (the same benchmark before the optimisations) give the
+Every number is "median (min–max)" over the repeats of one `make bench` run. Results in
+`<results>/baseline/` (the same benchmark run before the optimisations of issue 7) give the
 before/after table.
 """
 
@@ -15,8 +15,9 @@ from typing import Any
 from benchmarks.common import ROOT
 
 Summary = dict[str, Any]
+Lines = list[str]
 STAGE_LABELS = {
-    "startup": "start-up (spawn -> first task)",
+    "startup": "start-up (spawn → first task)",
     "decode": "decode",
     "resample": "resample",
     "features": "features (log-mel / fbank)",
@@ -24,7 +25,7 @@ STAGE_LABELS = {
     "task_other": "other work in tasks",
     "write": "write shard",
     "queue_wait": "queue wait (between tasks)",
-    "tail": "tail (last task -> exit)",
+    "tail": "tail (last task → exit)",
 }
 
 
@@ -36,8 +37,15 @@ def load(folder: Path, name: str) -> dict[str, Any] | None:
     return data
 
 
+def median(value: Summary | float | None) -> float | None:
+    if isinstance(value, dict):
+        med = value.get("median")
+        return None if med is None else float(med)
+    return value
+
+
 def fmt(value: Summary | float | None, digits: int = 2, unit: str = "") -> str:
-    """'median (min-max)' of a summary, or one number."""
+    """'median (min–max)' of a summary, or one number."""
     if value is None:
         return "–"
     if isinstance(value, dict):
@@ -50,74 +58,196 @@ def fmt(value: Summary | float | None, digits: int = 2, unit: str = "") -> str:
     return f"{value:.{digits}f}{unit}"
 
 
+def secs(value: Summary | float | None) -> str:
+    """Seconds with as many digits as they need."""
+    med = median(value)
+    digits = 1 if med is not None and med >= 10 else 2 if med is not None and med >= 0.1 else 3
+    return fmt(value, digits, " s")
+
+
 def pct(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{100 * value:.{digits}f} %"
 
 
 def verdict(value: Summary | float | None, target: float, higher_is_better: bool = True) -> str:
-    if value is None:
+    med = median(value)
+    if med is None:
         return "–"
-    median = value["median"] if isinstance(value, dict) else value
-    if median is None:
-        return "–"
-    met = median >= target if higher_is_better else median <= target
+    met = med >= target if higher_is_better else med <= target
     return "met" if met else "**not met**"
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
+def table(header: list[str], rows: list[list[str]]) -> Lines:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines + [""]
 
 
-def machine_lines(data: dict[str, Any]) -> list[str]:
+def machine_lines(data: dict[str, Any]) -> Lines:
     m = data["machine"]
-    bench = data.get("bench", {})
-    load_avg = bench.get("load_average_before"), bench.get("load_average_after")
+    commit = (m.get("commit") or "?")[:10]
+    dirty = " + local changes" if m.get("dirty") else ""
     return [
         f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['memory_gb']} GB; Python {m['python']}, "
-        f"onnxruntime {m['onnxruntime']}, numpy {m['numpy']}, celery {m['celery']}; commit "
-        f"`{(m.get('commit') or '?')[:10]}`{' (+ local changes)' if m.get('dirty') else ''}; measured {m['time']}"
-        + (
-            f"; load average before/after {load_avg[0][0]}/{load_avg[1][0]}"
-            if load_avg[0] and load_avg[1]
-            else ""
-        )
-        + ".",
+        f"onnxruntime {m['onnxruntime']}, numpy {m['numpy']}, scipy {m.get('scipy')}, celery {m['celery']}; "
+        f"commit `{commit}`{dirty}.",
         "",
     ]
+
+
+def measured_line(data: dict[str, Any]) -> Lines:
+    bench = data.get("bench", {})
+    before, after = bench.get("load_average_before"), bench.get("load_average_after")
+    load = f", load average {before[0]} → {after[0]} (2 cores)" if before and after else ""
+    return [f"_Measured {data['machine']['time']}{load}; {bench.get('seconds', '?')} s._", ""]
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def summary_section(folder: Path) -> Lines:
+    """The headline numbers against their targets."""
+    rows: list[list[str]] = []
+    main = load(folder, "limit-vs-voxmill")
+    if main:
+        targets = main["targets"]
+        for op, res in main["ops"].items():
+            target = targets[f"{op}_to_limit"]
+            rows.append(
+                [
+                    f"{op}: voxmill extract / raw-inference limit (whole process)",
+                    fmt(res["ratio_to_limit"], 3),
+                    f"≥ {target}",
+                    verdict(res["ratio_to_limit"], target),
+                ]
+            )
+            rows.append(
+                [
+                    f"{op}: the same in CPU seconds (noise-robust: idle and other users' load left out)",
+                    fmt(res.get("cpu_ratio_to_limit"), 3),
+                    f"≥ {target}",
+                    verdict(res.get("cpu_ratio_to_limit"), target),
+                ]
+            )
+        for op, res in main["ops"].items():
+            target = targets["speedup_vs_plain"]
+            rows.append(
+                [
+                    f"{op}: speed-up of voxmill extract vs the plain loop",
+                    fmt(res["speedup_vs_plain"], 2, "×"),
+                    f"≥ {target}×",
+                    verdict(res["speedup_vs_plain"], target),
+                ]
+            )
+        for op, res in main["ops"].items():
+            share = 1 - res["stages"]["share_per_utterance"].get("inference", 0.0)
+            rows.append(
+                [
+                    f"{op}: everything but inference, per utterance",
+                    pct(share),
+                    "≤ 10 %",
+                    verdict(share, targets["non_inference_share"], False),
+                ]
+            )
+    queue = load(folder, "queue-overhead")
+    if queue:
+        rows.append(
+            [
+                "queue overhead per task, p50 / p99",
+                f"{fmt(queue['overhead_p50_ms'], 2, ' ms')} / {fmt(queue['overhead_p99_ms'], 1, ' ms')}",
+                "p50 < 5 ms",
+                verdict(queue["overhead_p50_ms"], 5.0, False),
+            ]
+        )
+        rows.append(["tasks/s, 2 worker processes, tiny models", fmt(queue["tasks_per_s"], 0), "", ""])
+    cold = load(folder, "coldstart")
+    if cold:
+        worker = cold["worker"]["ready_for_first_task_s"]
+        rows.append(
+            [
+                "worker ready for its first task (both full models)",
+                secs(worker),
+                "≤ 3 s",
+                verdict(worker, 3.0, False),
+            ]
+        )
+        for role, res in cold["per_model"].items():
+            rows.append([f"{role}: load", secs(res["load_s"]), "< 5 s", verdict(res["load_s"], 5.0, False)])
+            rows.append(
+                [
+                    f"{role}: first inference after warm-up, 10 s clip, 1 thread",
+                    fmt(res["first_inference_ms"], 0, " ms"),
+                    "< 100 ms",
+                    verdict(res["first_inference_ms"], 100.0, False),
+                ]
+            )
+    memory = load(folder, "memory")
+    if memory and "voxmill" in memory["tokenizer"]:
+        peak = memory["tokenizer"]["voxmill"]["peak_mb"]
+        rows.append(
+            [
+                "peak RSS of a process holding the full tokenizer, 25 s clip",
+                fmt(peak, 0, " MB"),
+                "< 1024 MB",
+                verdict(peak, 1024, False),
+            ]
+        )
+    scaling = load(folder, "scaling")
+    if scaling:
+        value = scaling["end_to_end"]["speedup_2_vs_1_process"]
+        rows.append(["1 → 2 worker processes, end to end", fmt(value, 2, "×"), "≥ 1.8×", verdict(value, 1.8)])
+    throughput = load(folder, "corpus-throughput")
+    if throughput:
+        rows.append(
+            [
+                "issue 4: audio s per wall s, voxmill extract vs Extractor loop",
+                f"{fmt(throughput['voxmill_audio_s_per_s'], 1)} vs "
+                f"{fmt(throughput['plain_audio_s_per_s'], 1)}",
+                "",
+                "",
+            ]
+        )
+    if not rows:
+        return []
+    return ["## Summary", "", *table(["measure", "value", "target", ""], rows)]
 
 
 # --------------------------------------------------------------------------- sections
 
 
-def main_section(data: dict[str, Any]) -> list[str]:
+def main_section(data: dict[str, Any]) -> Lines:
     corpus = data["corpus"]
-    targets = data["targets"]
+    formats = ", ".join(f"{k} ×{v}" for k, v in corpus["formats"].items())
     lines = [
-        "## Voxmill against the raw-inference limit (issue 7)",
+        "## Voxmill against the raw-inference limit (issue 7, items 1–4)",
         "",
         f"Corpus: {corpus['clips']} clips, {corpus['audio_s'] / 60:.1f} min of audio, "
         f"{corpus['duration_s']['min']:.1f}–{corpus['duration_s']['max']:.1f} s (median "
-        f"{corpus['duration_s']['median']:.1f} s), formats "
-        + ", ".join(f"{k} ×{v}" for k, v in corpus["formats"].items())
-        + f"; {data['models']} stand-ins; {data['workers']} processes × 1 thread; {data['repeats']} repeats, "
-        "interleaved. Walls are whole processes timed from outside (the limit: barrier to last `run`).",
+        f"{corpus['duration_s']['median']:.1f} s, log-uniform), {formats}; {data['models']} stand-ins; "
+        f"{data['workers']} processes × 1 thread; {data['repeats']} repeats, interleaved (the order "
+        "rotates).",
+        "",
+        "- **limit**: `session.run` on precomputed features only, the corpus balanced over the processes, "
+        "barrier to last `run` (`benchmarks/limit.py`);",
+        "- **voxmill**: `voxmill extract MANIFEST --ops OP --workers P` as a whole process, timed from "
+        "outside "
+        "(start-up, embedded Redis, model loading, merge and shutdown included);",
+        "- **plain loop**: one process, `Extractor`, decode → features → run clip after clip, also a whole "
+        "process.",
         "",
     ]
     rows = []
     for op, res in data["ops"].items():
-        target = targets[f"{op}_to_limit"]
         rows.append(
             [
                 op,
-                fmt(res["limit_wall_s"], 1, " s"),
-                fmt(res["voxmill_wall_s"], 1, " s"),
-                fmt(res["plain_wall_s"], 1, " s"),
-                f"{fmt(res['ratio_to_limit'], 3)} — target ≥ {target}: {verdict(res['ratio_to_limit'], target)}",
+                secs(res["limit_wall_s"]),
+                secs(res["voxmill_wall_s"]),
+                secs(res["plain_wall_s"]),
+                fmt(res["ratio_to_limit"], 3),
+                fmt(res.get("cpu_ratio_to_limit"), 3),
                 fmt(res["steady_ratio_to_limit"], 3),
-                f"{fmt(res['speedup_vs_plain'], 2, '×')} — target ≥ {targets['speedup_vs_plain']}×: "
-                f"{verdict(res['speedup_vs_plain'], targets['speedup_vs_plain'])}",
+                fmt(res["speedup_vs_plain"], 2, "×"),
             ]
         )
     lines += table(
@@ -127,19 +257,27 @@ def main_section(data: dict[str, Any]) -> list[str]:
             "voxmill extract",
             "plain loop",
             "voxmill / limit",
+            "CPU: limit / voxmill",
             "in-task / limit",
             "speed-up vs loop",
         ],
         rows,
     )
+    for op, res in data["ops"].items():
+        lines += break_even(op, res, data["targets"][f"{op}_to_limit"], corpus["audio_s"])
     lines += [
-        "*in-task / limit*: the limit's inference time over the workers' time inside and between tasks "
-        "(start-up and tail left out): the ratio a corpus large enough to hide the fixed costs would reach.",
         "",
-        "### Where the time goes (stage breakdown)",
+        "*CPU*: the limit's inference CPU seconds over all CPU seconds of the `voxmill extract` process tree "
+        "(every process, start to end); it leaves out idle time, and so most of what other users of the "
+        "machine add. *in-task / limit*: the limit's inference time over the workers' time inside and "
+        "between tasks (start-up and tail left out): what a corpus large enough to hide the fixed costs "
+        "reaches.",
         "",
-        "Share of wall × worker processes of the median `voxmill extract` run, from the worker trace "
-        "(`benchmarks/trace/sitecustomize.py`), and per utterance (start-up and tail left out).",
+        "### Where the time goes",
+        "",
+        "Shares of wall × worker processes in the median `voxmill extract` run, from the worker trace "
+        "(`benchmarks/trace/sitecustomize.py` wraps `process`, `write_shard` and `open_session` in the "
+        "workers), and per utterance (start-up and tail left out).",
         "",
     ]
     ops = list(data["ops"])
@@ -154,18 +292,8 @@ def main_section(data: dict[str, Any]) -> list[str]:
         rows.append(row)
     header = ["stage"] + [f"{op}: {kind}" for op in ops for kind in ("of wall", "per utterance")]
     lines += table(header, rows)
-    non_inference = {
-        op: 1 - data["ops"][op]["stages"]["share_per_utterance"].get("inference", 0.0) for op in ops
-    }
     lines += [
-        "Everything but inference, per utterance (target ≤ 10 %): "
-        + "; ".join(
-            f"{op} {pct(v)} ({'met' if v <= targets['non_inference_share'] else 'not met'})"
-            for op, v in non_inference.items()
-        )
-        + ".",
-        "",
-        "Peak RSS of a worker process during the runs: "
+        "Peak RSS of a worker process during these runs: "
         + "; ".join(f"{op} {fmt(data['ops'][op]['worker_peak_mb'], 0, ' MB')}" for op in ops)
         + ".",
         "",
@@ -173,77 +301,116 @@ def main_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def scaling_section(data: dict[str, Any]) -> list[str]:
+def break_even(op: str, res: dict[str, Any], target: float, audio_s: float) -> Lines:
+    """The fixed cost of a run and the corpus size from which the target ratio is reached.
+
+    Model: wall = fixed + audio x (limit per audio second) / (in-task ratio), so
+    ratio(A) = A l / (F + A l / r), which reaches t from A = F t / (l (1 - t / r)) on.
+    """
+    limit, wall, steady = (
+        median(res["limit_wall_s"]),
+        median(res["voxmill_wall_s"]),
+        median(res["steady_ratio_to_limit"]),
+    )
+    if not limit or not wall or not steady:
+        return []
+    per_audio_s = limit / audio_s
+    fixed_s = wall - limit / steady
+    if target >= steady:
+        reach = f"never reaches {target} (the in-task ratio {steady:.3f} is below it)"
+    else:
+        minutes = fixed_s * target / (per_audio_s * (1 - target / steady)) / 60
+        reach = (
+            f"reaches {target} from about {minutes:.0f} min of audio on"
+            if minutes > 0
+            else f"reaches {target}"
+        )
+    return [
+        f"- {op}: fixed cost per run ≈ {fixed_s:.1f} s (wall − limit / in-task ratio); on this mix the "
+        f"run {reach}."
+    ]
+
+
+def scaling_section(data: dict[str, Any]) -> Lines:
     corpus = data["corpus"]
     lines = [
         "## Scaling (issue 7, item 6)",
         "",
-        f"{corpus['clips']} clips ({corpus['audio_s'] / 60:.1f} min); end to end = `voxmill extract --ops "
-        "tokenize,embed` as a whole process; model only = the limit measurement. PxT = processes × intra-op threads.",
+        f"The first {corpus['clips']} clips ({corpus['audio_s'] / 60:.1f} min). End to end: `voxmill extract "
+        "--ops tokenize,embed` as a whole process; model only: the limit measurement. PxT = processes × "
+        "intra-op threads (`VOXMILL_INTRA_OP_THREADS`).",
         "",
     ]
     rows = []
-    for label, res in [("end to end", data["end_to_end"])] + [
-        (f"{op}, model only", r) for op, r in data["model_only"].items()
-    ]:
+    cases = [("end to end", data["end_to_end"])]
+    cases += [(f"{op}, model only", res) for op, res in data["model_only"].items()]
+    for label, res in cases:
         rows.append(
             [
                 label,
-                fmt(res["wall_s"]["1x1"], 1, " s"),
-                fmt(res["wall_s"]["2x1"], 1, " s"),
-                fmt(res["wall_s"]["1x2"], 1, " s"),
-                f"{fmt(res['speedup_2_vs_1_process'], 2, '×')} ({verdict(res['speedup_2_vs_1_process'], data['target_speedup'])})",
+                secs(res["wall_s"]["1x1"]),
+                secs(res["wall_s"]["2x1"]),
+                secs(res["wall_s"]["1x2"]),
+                f"{fmt(res['speedup_2_vs_1_process'], 2, '×')} "
+                f"({verdict(res['speedup_2_vs_1_process'], data['target_speedup'])})",
                 fmt(res["processes_vs_threads"], 2, "×"),
             ]
         )
-    lines += table(
+    return lines + table(
         ["", "1x1", "2x1", "1x2", "2 vs 1 process (target ≥ 1.8×)", "2x1 faster than 1x2 by"], rows
     )
-    return lines
 
 
-def coldstart_section(data: dict[str, Any]) -> list[str]:
+def coldstart_section(data: dict[str, Any]) -> Lines:
     lines = [
         "## Cold start (issue 7, item 5)",
         "",
-        "A fresh process per model: spawn → imports → `ModelSession.load` → `warm_up` (2 runs of a 3 s clip); "
-        "then the first inference after warm-up of a 10 s clip on one thread (features + model, and the model alone).",
+        "A fresh process per model: spawn → imports → `ModelSession.load` → `warm_up` (2 runs of a 3 s "
+        "clip); then the first inference after warm-up of a 10 s clip on one thread (features + model, and "
+        "the model alone).",
         "",
     ]
     rows = []
     for role, res in data["per_model"].items():
+        first = fmt(res["first_inference_ms"], 0, " ms")
+        model = fmt(res["first_inference_model_ms"], 0, " ms")
         rows.append(
             [
                 role,
-                fmt(res.get("spawn_to_imported_s"), 2, " s"),
-                fmt(res["load_s"], 2, " s"),
-                fmt(res.get("spawn_to_warmed_s"), 2, " s"),
-                f"{fmt(res['first_inference_ms'], 0, ' ms')} ({fmt(res['first_inference_model_ms'], 0, ' ms')} model)",
-                f"load < 5 s: {verdict(res['load_s'], 5.0, False)}; first < 100 ms: "
-                f"{verdict(res['first_inference_ms'], 100.0, False)}",
+                secs(res.get("spawn_to_imported_s")),
+                secs(res["load_s"]),
+                secs(res["warmup_s"]),
+                secs(res.get("spawn_to_warmed_s")),
+                f"{first} ({model} model)",
             ]
         )
     lines += table(
-        ["model", "spawn → imported", "load", "spawn → warmed", "first 10 s inference", "guide"], rows
+        ["model", "spawn → imported", "load", "warm-up", "spawn → warmed", "first 10 s inference"], rows
     )
     worker = data["worker"]
+    loads = worker["runs"][len(worker["runs"]) // 2].get("models", {})
+    detail = "; ".join(
+        f"{role} loading from {m['started_s']:.2f} s to {m['ready_s']:.2f} s" for role, m in loads.items()
+    )
     lines += [
-        f"A Celery worker process (`LocalWorkers`, both queues, both {data['models']} models), spawned with one task "
-        f"already queued: ready for its first task after {fmt(worker['ready_for_first_task_s'], 2, ' s')} "
-        f"(heartbeat with models loaded: {fmt(worker['heartbeat_ready_s'], 2, ' s')}); target ≤ 3 s: "
-        f"{verdict(worker['ready_for_first_task_s'], 3.0, False)}.",
+        f"A Celery worker process (`LocalWorkers`, both queues, both {data['models']} models), spawned with "
+        "one "
+        f"task already queued, is ready for its first task after {secs(worker['ready_for_first_task_s'])} "
+        f"(target ≤ 3 s: {verdict(worker['ready_for_first_task_s'], 3.0, False)}); its heartbeat says the "
+        f"models are loaded after {secs(worker['heartbeat_ready_s'])}. In one run: {detail}.",
         "",
     ]
     return lines
 
 
-def memory_section(data: dict[str, Any]) -> list[str]:
+def memory_section(data: dict[str, Any]) -> Lines:
     lines = [
         "## Memory and model loading (issue 7, item 7)",
         "",
         "A fresh process loads the tokenizer, warms it up and runs a 25 s clip (`benchmarks/memory.py`). "
-        "`voxmill` is what every worker does today; the other rows are the loading options proposed for "
-        "`pipeline/sessions.py`. Peak = VmHWM at the end; outputs compared by sha256.",
+        "`voxmill` is what every worker does today; the other rows are ways `pipeline/sessions.py` could "
+        "load it (proposals). Peak = VmHWM at the end; outputs compared by sha256 over the 10 s and 25 s "
+        "clips' outputs.",
         "",
     ]
     rows = []
@@ -254,10 +421,10 @@ def memory_section(data: dict[str, Any]) -> list[str]:
             [
                 mode,
                 f"{res['file_mb']:.0f} MB",
-                fmt(res["load_s"], 2, " s"),
+                secs(res["load_s"]),
+                fmt(res["rss_loaded_mb"], 0, " MB"),
                 fmt(res["rss_after_clip_mb"], 0, " MB"),
                 fmt(res["peak_mb"], 0, " MB"),
-                f"{verdict(res['peak_mb'], data['target_worker_mb'], False)}",
                 fmt(res["latency_10s_ms"], 0, " ms"),
                 "same" if res["outputs_sha256"] == reference else "**different**",
             ]
@@ -267,39 +434,52 @@ def memory_section(data: dict[str, Any]) -> list[str]:
         [
             "voxmill (embedder)",
             f"{emb['file_mb']:.0f} MB",
-            fmt(emb["load_s"], 2, " s"),
+            secs(emb["load_s"]),
+            fmt(emb["rss_loaded_mb"], 0, " MB"),
             fmt(emb["rss_after_clip_mb"], 0, " MB"),
             fmt(emb["peak_mb"], 0, " MB"),
-            "",
             fmt(emb["latency_10s_ms"], 0, " ms"),
             "",
         ]
     )
     lines += table(
-        ["load mode", "file", "load", "RSS after 25 s clip", "peak RSS", "< 1 GB", "10 s clip", "outputs"],
+        [
+            "load",
+            "file",
+            "load time",
+            "RSS loaded",
+            "RSS after 25 s clip",
+            "peak RSS",
+            "10 s clip",
+            "outputs",
+        ],
         rows,
     )
+    cached = tokenizer.get("cached", {})
+    if cached.get("cache_build_s"):
+        lines += [f"Building the cache (first load of a new model) took {cached['cache_build_s']:.2f} s.", ""]
     return lines
 
 
-def variants_section(data: dict[str, Any]) -> list[str]:
+def variants_section(data: dict[str, Any]) -> Lines:
     lines = [
-        "## Driver changes, measured with a prototype (proposals for `workers/driver.py`)",
+        "## Driver and worker changes, measured (proposals for code outside the benchmark)",
         "",
         "`benchmarks/prototype.py` runs `extract_corpus`'s steps with one change at a time (`extract` is "
-        "`voxmill extract` itself); `blas-1-thread` is `voxmill extract` with `OPENBLAS_NUM_THREADS=1`; "
-        "`shard-size-N` is `--shard-size N`. Tail = last task → exit, start-up = spawn → first task, "
-        "per worker process.",
+        "`voxmill extract` itself): `longest-first` submits shards by decreasing audio seconds, `fast-stop` "
+        "kills the idle workers once everything is merged, `all` adds starting the workers before planning. "
+        "`blas-1-thread` is `voxmill extract` with `OPENBLAS_NUM_THREADS=1`; `shard-size-N` is "
+        "`--shard-size N`. Start-up = spawn → first task, tail = last task → exit, per worker process.",
         "",
     ]
     for op, variants in data["ops"].items():
         rows = [
             [
                 name,
-                fmt(res["wall_s"], 1, " s"),
+                secs(res["wall_s"]),
                 fmt(res["vs_extract"], 3, "×"),
-                fmt(res["startup_s"], 2, " s"),
-                fmt(res["tail_s"], 2, " s"),
+                secs(res["startup_s"]),
+                secs(res["tail_s"]),
             ]
             for name, res in variants.items()
         ]
@@ -308,35 +488,55 @@ def variants_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def queue_section(data: dict[str, Any]) -> list[str]:
+def queue_section(data: dict[str, Any]) -> Lines:
+    rows = [
+        [
+            "overhead p50",
+            fmt(data["overhead_p50_ms"], 2, " ms"),
+            f"< 5 ms: {verdict(data['overhead_p50_ms'], 5.0, False)}",
+        ],
+        ["overhead p99", fmt(data["overhead_p99_ms"], 2, " ms"), ""],
+        [
+            "overhead p50 through `Client` (`as_completed` polls every "
+            f"{data.get('client_poll_s', 0.02) * 1000:.0f} ms)",
+            fmt(data["client_overhead_p50_ms"], 2, " ms"),
+            "",
+        ],
+        [
+            f"the same with `poll_s={data.get('fast_poll_s', 0.002)}`",
+            fmt(data.get("client_fast_poll_overhead_p50_ms"), 2, " ms"),
+            "",
+        ],
+        ["tasks/s, all submitted at once, 2 processes", fmt(data["tasks_per_s"], 1), ""],
+    ]
     return [
         "## Queue overhead (issue 3)",
         "",
-        f"{data['tasks']} tasks × {data['repeats']} repeats, one at a time, alternating `tokenize` and `embed` of a "
-        f"{data['clip_s']:.0f} s clip by path, {data['models']} models, {data['workers']} worker processes, Redis on "
-        "loopback. Overhead = submit → result (`AsyncResult.get`) minus the time inside the task (`timings_ms`).",
+        f"{data['tasks']} tasks per repeat × {data['repeats']}, one at a time, alternating `tokenize` and "
+        f"`embed` of a {data['clip_s']:.0f} s clip by path, {data['models']} models, {data['workers']} "
+        "worker "
+        "processes, Redis on loopback. Overhead = submit → result (Celery `AsyncResult.get`) minus the time "
+        "inside the task (`timings_ms`).",
         "",
-        *table(
-            ["metric", "value", "target"],
-            [
-                [
-                    "overhead p50",
-                    fmt(data["overhead_p50_ms"], 2, " ms"),
-                    f"< 5 ms: {verdict(data['overhead_p50_ms'], 5.0, False)}",
-                ],
-                ["overhead p99", fmt(data["overhead_p99_ms"], 2, " ms"), ""],
-                [
-                    "overhead p50 through `Client.as_completed` (polls every 20 ms)",
-                    fmt(data["client_overhead_p50_ms"], 2, " ms"),
-                    "",
-                ],
-                ["tasks/s, all submitted at once, 2 processes", fmt(data["tasks_per_s"], 1), ""],
-            ],
-        ),
+        *table(["metric", "value", "target"], rows),
+        *split_lines(data.get("split") or {}),
     ]
 
 
-def throughput_section(data: dict[str, Any]) -> list[str]:
+def split_lines(split: dict[str, Any]) -> Lines:
+    if "to_worker_ms_p50" not in split:
+        return []
+    return [
+        f"Where it goes ({split['tasks']} tasks on a cluster whose workers trace each task, p50): submit → "
+        f"the task's `process` call starts {split['to_worker_ms_p50']:.2f} ms (p99 "
+        f"{split['to_worker_ms_p99']:.1f}); `process` {split['process_ms_p50']:.2f} ms, of which its stages "
+        f"{split['stages_ms_p50']:.2f} ms; `process` returns → result seen {split['back_ms_p50']:.2f} ms "
+        f"(p99 {split['back_ms_p99']:.1f}).",
+        "",
+    ]
+
+
+def throughput_section(data: dict[str, Any]) -> Lines:
     corpus = data["corpus"]
     rows = [
         [
@@ -359,21 +559,23 @@ def throughput_section(data: dict[str, Any]) -> list[str]:
         "## Corpus throughput (issue 4)",
         "",
         f"{corpus['clips']} clips of {corpus['duration_s']['min']:.0f}–{corpus['duration_s']['max']:.0f} s "
-        f"({corpus['audio_s'] / 60:.1f} min), {data['models']} stand-ins, ops {', '.join(data['ops'])}; "
-        f"`voxmill extract` with {data['workers']} local workers vs `Extractor` in one process "
-        "(each clip decoded once, both models).",
+        f"({corpus['audio_s'] / 60:.1f} min, uniform), {data['models']} stand-ins, ops "
+        f"{', '.join(data['ops'])}; "
+        f"`voxmill extract` with {data['workers']} local workers vs `Extractor` in one process (each clip "
+        "decoded once, both models).",
         "",
         *table(["", "audio seconds per wall second", "speed-up vs plain loop"], rows),
     ]
 
 
-def core_section(data: dict[str, Any]) -> list[str]:
+def core_section(data: dict[str, Any]) -> Lines:
     parity = data["parity"]
     logmel = parity["log_mel_max_abs"]
     lines = [
         "## Core library numbers (issue 2)",
         "",
-        "Parity against the torch references in `tests/fixtures` (max abs difference):",
+        "Parity against the torch references in `tests/fixtures` (max abs difference; tolerances: log-mel "
+        "1e-4, fbank 1e-2 overall and 5e-4 where the reference is above -5):",
         "",
     ]
     rows = []
@@ -383,34 +585,35 @@ def core_section(data: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 name,
-                f"{logmel[name]['128']:.2e}",
-                f"{logmel[name]['80']:.2e}",
-                f"{fb['overall']:.2e} / {fb['above_minus5']:.2e}",
-                f"{knf['overall']:.2e} / {knf['above_minus5']:.2e}",
-                f"{parity['embedding_cosine_vs_knf'][name]:.7f}",
+                f"{logmel[name]['128']:.1e}",
+                f"{logmel[name]['80']:.1e}",
+                f"{fb['overall']:.1e} / {fb['above_minus5']:.1e}",
+                f"{knf['overall']:.1e} / {knf['above_minus5']:.1e}",
+                f"{parity['embedding_cosine_vs_knf'][name]:.9f}",
             ]
         )
     lines += table(
         [
             "clip",
-            "log-mel 128 (≤ 1e-4)",
+            "log-mel 128",
             "log-mel 80",
-            "fbank overall / above -5 (≤ 1e-2 / 5e-4)",
-            "kaldi-native-fbank, same",
-            "embedding cosine vs kaldi-native-fbank",
+            "fbank: overall / above -5",
+            "kaldi-native-fbank: overall / above -5",
+            f"cosine of {data['models_for_cosine']} CAM++ embeddings, fbank vs kaldi-native-fbank",
         ],
         rows,
     )
     resample = parity["resample_vs_torchaudio"]
     speeds = parity["feature_ms_per_audio_s"]
     lines += [
-        f"soxr vs torchaudio's resampler (44.1 kHz stereo fixture): max abs {resample['max_abs']:.2e}, "
-        f"SNR {resample['snr_db']:.1f} dB over the whole band, {resample.get('snr_below_6khz_db', float('nan')):.1f} dB "
-        f"below 6 kHz (torchaudio's default filter rolls off early), length difference "
+        f"soxr vs torchaudio's resampler (44.1 kHz stereo fixture): max abs {resample['max_abs']:.2e}; SNR "
+        f"{resample['snr_db']:.1f} dB over the whole band and "
+        f"{resample.get('snr_below_6khz_db', float('nan')):.1f} "
+        f"dB below 6 kHz (torchaudio's default filter rolls off early); length difference "
         f"{resample['length_diff']} samples.",
         "",
-        "Feature cost, ms per audio second (10 s clip): "
-        + "; ".join(f"{name} {fmt(v, 3)}" for name, v in speeds.items())
+        "Feature cost, ms per audio second (10 s clip, in-process): "
+        + "; ".join(f"`{name}` {fmt(v, 3)}" for name, v in speeds.items())
         + ".",
         "",
     ]
@@ -419,29 +622,41 @@ def core_section(data: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 key,
-                fmt(res["load_s"], 3, " s"),
+                secs(res["load_s"]),
                 fmt(res["first_inference_ms"], 1, " ms"),
                 fmt(res["first_inference_model_ms"], 1, " ms"),
-                f"load < 5 s: {verdict(res['load_s'], 5.0, False)}; first < 100 ms: {verdict(res['first_inference_ms'], 100.0, False)}",
+                f"load < 5 s: {verdict(res['load_s'], 5.0, False)}; "
+                f"first < 100 ms: {verdict(res['first_inference_ms'], 100.0, False)}",
             ]
         )
     lines += ["Load and first inference after warm-up (10 s clip, one CPU thread):", ""]
-    lines += table(["stand-in", "load", "first inference", "of which model", "deployment guide"], rows)
-    return lines
+    return lines + table(["stand-in", "load", "first inference", "of which model", "deployment guide"], rows)
 
 
-def before_after(folder: Path) -> list[str]:
-    """Before/after of the optimisations, from `baseline/` against the current results."""
+def before_after(folder: Path) -> Lines:
+    """The optimisations' before and after: in-run comparisons, then `baseline/` against now."""
+    core = load(folder, "core")
     base_dir = folder / "baseline"
-    notes_file = folder / "optimisations.json"
-    if not base_dir.exists() and not notes_file.exists():
+    before, after = load(base_dir, "limit-vs-voxmill"), load(folder, "limit-vs-voxmill")
+    if core is None and before is None:
         return []
     lines = ["## Optimisations: before and after", ""]
-    if notes_file.exists():
-        notes = json.loads(notes_file.read_text())
-        rows = [[n["change"], n["where"], n["before"], n["after"], n["kept"]] for n in notes["changes"]]
-        lines += table(["change", "where", "before", "after", "kept"], rows)
-    before, after = load(base_dir, "limit-vs-voxmill"), load(folder, "limit-vs-voxmill")
+    if core is not None:
+        speeds = core["parity"]["feature_ms_per_audio_s"]
+        worst, knf = core["parity"]["fbank_worst"], core["parity"]["fbank_knf_worst"]
+        cosine = min(core["parity"]["embedding_cosine_vs_knf"].values())
+        lines += [
+            "**Kaldi fbank** (`pipeline/features.py`): kaldi-native-fbank's per-frame loop replaced by a "
+            "vectorised numpy/scipy fbank (blocks of 256 frames, float64 after the wave, pre-emphasis once "
+            "over "
+            "the wave, sparse mel product so no BLAS threads start). Same run, same clip: "
+            f"{fmt(speeds['kaldi_native_fbank'], 3)} → {fmt(speeds['kaldi_fbank'], 3)} ms per audio second; "
+            f"parity against torchaudio (worst clip, overall / above -5) {knf['overall']:.1e} / "
+            f"{knf['above_minus5']:.1e} → {worst['overall']:.1e} / {worst['above_minus5']:.1e}; "
+            "embeddings vs "
+            f"the old implementation: cosine ≥ {cosine:.9f}. Kept.",
+            "",
+        ]
     if before and after:
         rows = []
         for op in after["ops"]:
@@ -450,24 +665,34 @@ def before_after(folder: Path) -> list[str]:
             b, a = before["ops"][op], after["ops"][op]
             for label, key, digits in (
                 ("voxmill / limit", "ratio_to_limit", 3),
+                ("CPU: limit / voxmill", "cpu_ratio_to_limit", 3),
                 ("in-task / limit", "steady_ratio_to_limit", 3),
                 ("speed-up vs plain loop", "speedup_vs_plain", 2),
             ):
-                rows.append([op, label, fmt(b[key], digits), fmt(a[key], digits)])
+                rows.append([op, label, fmt(b.get(key), digits), fmt(a.get(key), digits)])
             rows.append(
                 [
                     op,
-                    "features per utterance",
+                    "features, share per utterance",
                     pct(b["stages"]["share_per_utterance"].get("features")),
                     pct(a["stages"]["share_per_utterance"].get("features")),
                 ]
             )
         lines += [
-            f"`make bench` before (`baseline/`, {before['machine']['time']}) and after ({after['machine']['time']}); "
-            "ratios are taken within each run, so the machine's load at the time cancels out:",
+            f"`make bench` before (`{base_dir.name}/`, measured {before['machine']['time']}) and after "
+            f"({after['machine']['time']}). Ratios are taken within each run, so the machine's load at the "
+            "time mostly cancels out; the walls themselves are not comparable across runs.",
             "",
         ]
-        lines += table(["op", "metric", "before", "after"], rows)
+        lines += table(["op", "measure", "before", "after"], rows)
+    b4, a4 = load(base_dir, "corpus-throughput"), load(folder, "corpus-throughput")
+    if b4 and a4:
+        lines += [
+            "Issue 4 (both ops): speed-up of voxmill extract vs the Extractor loop "
+            f"{fmt(b4['speedup'], 2, '×')} "
+            f"before, {fmt(a4['speedup'], 2, '×')} after.",
+            "",
+        ]
     return lines
 
 
@@ -487,33 +712,30 @@ def plot(folder: Path, out: Path) -> Path | None:
     audio_s = main["corpus"]["audio_s"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     kinds = (
-        ("limit_wall_s", "limit", "#4c72b0"),
+        ("limit_wall_s", "raw-inference limit", "#4c72b0"),
         ("voxmill_wall_s", "voxmill extract", "#55a868"),
         ("plain_wall_s", "plain loop", "#c44e52"),
     )
     width = 0.25
     for index, (key, label, color) in enumerate(kinds):
-        medians, errors_low, errors_high = [], [], []
+        rates, low, high = [], [], []
         for op in ops:
             wall = main["ops"][op][key]
             rate = audio_s / wall["median"]
-            medians.append(rate)
-            errors_low.append(rate - audio_s / wall["max"])
-            errors_high.append(audio_s / wall["min"] - rate)
+            rates.append(rate)
+            low.append(rate - audio_s / wall["max"])
+            high.append(audio_s / wall["min"] - rate)
         positions = [i + (index - 1) * width for i in range(len(ops))]
-        left.bar(
-            positions, medians, width, label=label, color=color, yerr=[errors_low, errors_high], capsize=3
-        )
+        left.bar(positions, rates, width, label=label, color=color, yerr=[low, high], capsize=3)
     left.set_xticks(range(len(ops)), ops)
     left.set_ylabel("audio seconds per wall second")
-    left.set_title(f"Throughput ({main['workers']} cores, {main['models']} stand-ins)")
+    left.set_title(f"Throughput ({main['workers']} cores, {main['models']} stand-ins, min–max bars)")
     left.legend()
-    stages = list(STAGE_LABELS)
     bottom = [0.0] * len(ops)
     colors = plt.get_cmap("tab10")
-    for index, stage in enumerate(stages):
+    for index, (stage, label) in enumerate(STAGE_LABELS.items()):
         shares = [main["ops"][op]["stages"]["share_of_wall"].get(stage, 0.0) * 100 for op in ops]
-        right.bar(ops, shares, bottom=bottom, label=STAGE_LABELS[stage], color=colors(index))
+        right.bar(ops, shares, bottom=bottom, label=label, color=colors(index))
         bottom = [b + s for b, s in zip(bottom, shares, strict=True)]
     right.set_ylabel("% of wall × worker processes")
     right.set_title("voxmill extract: where the time goes")
@@ -524,7 +746,7 @@ def plot(folder: Path, out: Path) -> Path | None:
     return out
 
 
-SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
+SECTIONS: list[tuple[str, Callable[[dict[str, Any]], Lines]]] = [
     ("limit-vs-voxmill", main_section),
     ("scaling", scaling_section),
     ("coldstart", coldstart_section),
@@ -536,6 +758,10 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
 ]
 
 
+def relative(path: Path, start: Path) -> str:
+    return str(path.relative_to(start)) if path.is_relative_to(start) else str(path)
+
+
 def write_report(folder: Path, target: Path | None = None) -> Path:
     """Write BENCHMARKS.md (default: the repository root) from the results in `folder`."""
     target = target or ROOT / "BENCHMARKS.md"
@@ -543,35 +769,29 @@ def write_report(folder: Path, target: Path | None = None) -> Path:
     lines = [
         "# voxmill benchmarks",
         "",
-        "Generated by `make bench` (`python -m benchmarks.run`; `--quick` for the smoke version) from "
-        f"`{folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder}/*.json`; do not edit by hand. "
+        "Generated by `make bench` (`python -m benchmarks.run`) from "
+        f"`{relative(folder, ROOT)}/*.json`; do not edit by hand (`python -m benchmarks.run "
+        "--report-only` rebuilds it). `--quick` runs the same on tiny "
+        "models in under a minute (the smoke test, `tests/unit/test_benchmarks.py`); `--only SECTION,...` "
+        "re-measures parts.",
+        "",
         "Numbers are medians over repeats with (min–max). The machine is shared: other jobs ran during the "
-        "measurements (load averages are recorded per section), so single runs are noisy; ratios are taken "
-        "within one repeat, where both sides saw the same load.",
+        "measurements (load averages per section below), so walls are noisy; the ratios are taken within one "
+        "repeat, where both sides saw similar load, and the CPU-second ratios leave other users' load out.",
         "",
     ]
+    first = next((data for name, _ in SECTIONS if (data := load(folder, name)) is not None), None)
+    if first is not None:
+        lines += machine_lines(first)
+    lines += summary_section(folder)
     if image is not None:
-        lines += [
-            f"![throughput and stages]({image.relative_to(target.parent) if image.is_relative_to(target.parent) else image})",
-            "",
-        ]
-    first = True
+        lines += [f"![throughput and where the time goes]({relative(image, target.parent)})", ""]
     for name, render in SECTIONS:
         data = load(folder, name)
         if data is None:
             continue
         lines += render(data)
-        if first:
-            lines += machine_lines(data)
-            first = False
-        else:
-            bench = data.get("bench", {})
-            if bench.get("load_average_before"):
-                lines += [
-                    f"_Measured {data['machine']['time']}, load average {bench['load_average_before'][0]} → "
-                    f"{bench['load_average_after'][0]}._",
-                    "",
-                ]
+        lines += measured_line(data)
     lines += before_after(folder)
     target.write_text("\n".join(lines).rstrip() + "\n")
     return target

@@ -335,9 +335,9 @@ def set_consuming(soak: Soak, on: bool) -> None:
     control = soak.client.app.control
     for queue in QUEUES:
         if on:
-            control.add_consumer(queue, reply=True, timeout=10)
+            control.add_consumer(queue, reply=True, limit=1, timeout=10)
         else:
-            control.cancel_consumer(queue, reply=True, timeout=10)
+            control.cancel_consumer(queue, reply=True, limit=1, timeout=10)
 
 
 def wait_for_aof_rewrite(soak: Soak, timeout_s: float = 300.0) -> None:

@@ -81,6 +81,7 @@ class Settings(BaseSettings):
     watch_validate_timeout_s: float = 600.0
     # Observability
     metrics_port: int | None = None
+    watcher_metrics_port: int | None = None
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
 
@@ -103,7 +104,9 @@ class Settings(BaseSettings):
             return tuple(p for p in value.split(":") if p)
         return value
 
-    @field_validator("broker_url", "result_backend_url", "metrics_port", mode="before")
+    @field_validator(
+        "broker_url", "result_backend_url", "metrics_port", "watcher_metrics_port", mode="before"
+    )
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:
         return None if value == "" else value

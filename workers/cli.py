@@ -55,10 +55,13 @@ def worker(
     ),
     loglevel: str = typer.Option("", "-l", "--loglevel", help="Log level (default: settings' log_level)."),
     hostname: str = typer.Option("", "-n", "--hostname", help="Celery node name."),
+    log_format: str = typer.Option("", "--log-format", help="text | json (default: settings' log_format)."),
 ) -> None:
     """Run a Celery worker that holds warm model sessions (same as `celery -A workers.app worker`)."""
     from workers.gpu import check_pool_for_provider
 
+    if log_format:
+        os.environ["VOXMILL_LOG_FORMAT"] = log_format  # read by workers.app's settings
     settings = load_settings()
     require_broker(settings)
     problem = check_pool_for_provider(settings, pool)
@@ -109,6 +112,7 @@ def watch(
     model_dir: Path | None = typer.Option(
         None, "--model-dir", help="Model folder to watch (default: settings' model_dir)."
     ),
+    log_format: str = typer.Option("", "--log-format", help="text | json (default: settings' log_format)."),
 ) -> None:
     """Watch the model folder: validate each new model file, publish it; the workers swap to it."""
     from workers.logs import setup_logging
@@ -118,7 +122,7 @@ def watch(
     require_broker(settings)
     if model_dir is not None:
         settings = settings.model_copy(update={"model_dir": model_dir})
-    setup_logging(settings.log_level, settings.log_format)
+    setup_logging(settings.log_level, log_format or settings.log_format)
     serve(settings)
 
 

@@ -223,6 +223,19 @@ class WatcherHooks:
         """The role's model file is gone; workers keep serving what they hold."""
 
 
+class MetricsHooks(WatcherHooks):
+    """Counts publications and rejections per role as Prometheus series."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+
+    def after_publish(self, role: str, generation: int, record: dict[str, Any]) -> None:
+        self.metrics.publication(role)
+
+    def after_rejection(self, role: str, rejection: dict[str, Any]) -> None:
+        self.metrics.rejection(role)
+
+
 class EventQueue(FileSystemEventHandler):
     """watchdog handler: queues each model-relevant change for the watcher's loop."""
 
@@ -474,8 +487,14 @@ def serve(settings: Settings) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=10, socket_connect_timeout=5)
+    hooks = WatcherHooks()
+    if settings.watcher_metrics_port:
+        from workers import metrics
+
+        hooks = MetricsHooks(metrics.Metrics())
+        metrics.serve(settings.watcher_metrics_port)
     try:
-        Watcher(settings, client).run(stop)
+        Watcher(settings, client, hooks=hooks).run(stop)
     finally:
         client.close()
     log.info("watcher stopped")
