@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from pipeline.settings import Settings
-from pipeline.standin import make_standins
+from pipeline.standin import make_embedder_model, make_standins, make_tokenizer_model, write_model
 from workers.embedded import EmbeddedRedis, LocalWorkers
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -81,6 +81,15 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder with the tiny stand-in tokenizer and embedder (seed 0)."""
     folder = tmp_path_factory.mktemp("models-tiny")
     make_standins(folder, profile="tiny", seed=0)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def slow_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny tokenizer + full-size embedder: a corpus run lasts long enough to be interrupted."""
+    folder = tmp_path_factory.mktemp("models-slow")
+    write_model(make_tokenizer_model("tiny"), folder / "speech_tokenizer_v2.onnx")
+    write_model(make_embedder_model("full"), folder / "campplus.onnx")
     return folder
 
 

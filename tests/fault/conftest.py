@@ -17,7 +17,6 @@ import pytest
 import redis
 
 from pipeline.settings import Settings
-from pipeline.standin import make_embedder_model, make_tokenizer_model, write_model
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill
 from tests.helpers import make_audio_folder, read_outputs
 from workers.client import Client, Job
@@ -78,12 +77,8 @@ def private_redis(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Pr
 
 
 @pytest.fixture(scope="session")
-def fault_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tiny tokenizer + full-size embedder, so a 300-utterance run lasts long enough to hurt."""
-    folder = tmp_path_factory.mktemp("fault-models")
-    write_model(make_tokenizer_model("tiny"), folder / "speech_tokenizer_v2.onnx")
-    write_model(make_embedder_model("full"), folder / "campplus.onnx")
-    return folder
+def fault_models(slow_models: Path) -> Path:
+    return slow_models
 
 
 @pytest.fixture(scope="session")

@@ -15,22 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from pipeline.standin import make_embedder_model, make_tokenizer_model, write_model
 from pipeline.writers import SHARDS_DIR
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
 from tests.helpers import make_audio_folder, read_outputs
 from workers.status import worker_records
 
 SLOW_CORPUS_SIZE = 48
-
-
-@pytest.fixture(scope="module")
-def slow_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tiny tokenizer + full-size embedder: a run lasts long enough to be interrupted."""
-    folder = tmp_path_factory.mktemp("models-slow")
-    write_model(make_tokenizer_model("tiny"), folder / "speech_tokenizer_v2.onnx")
-    write_model(make_embedder_model("full"), folder / "campplus.onnx")
-    return folder
 
 
 @pytest.fixture(scope="module")
