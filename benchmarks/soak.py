@@ -40,7 +40,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,8 +186,17 @@ class Collected:
     seconds: float = 0.0
 
 
-def collect(soak: Soak, jobs: list[Job], timeout_s: float, delete: bool = False) -> Collected:
-    """Poll the result keys of `jobs` until each has a final state (or the deadline); sample memory."""
+def collect(
+    soak: Soak,
+    jobs: list[Job],
+    timeout_s: float,
+    delete: bool = False,
+    on_poll: Callable[[int], None] | None = None,
+) -> Collected:
+    """Poll the result keys of `jobs` until each has a final state (or the deadline); sample memory.
+
+    `on_poll(done)` runs after every poll with the number of jobs finished so far.
+    """
     assert soak.client is not None and soak.redis is not None
     backend = soak.client.app.backend
     pending = {job.id: job for job in jobs}
@@ -214,6 +223,8 @@ def collect(soak: Soak, jobs: list[Job], timeout_s: float, delete: bool = False)
             if delete and done_keys:
                 soak.redis.delete(*done_keys)
         out.peak_memory = max(out.peak_memory, soak.used_memory())
+        if on_poll is not None:
+            on_poll(len(jobs) - len(pending))
         if pending:
             time.sleep(POLL_S)
     out.missing = sorted(pending)
@@ -260,9 +271,17 @@ def warm_up(soak: Soak, count: int) -> dict[str, Any]:
 
 def soak_phase(soak: Soak, count: int, baseline: dict[str, Any]) -> dict[str, Any]:
     """`count` jobs: lost, duplicated, throughput, RSS growth, Redis memory at peak and after expiry."""
+    timeline: list[dict[str, Any]] = []
+    every = max(1, count // 10)
+
+    def sample_rss(done: int) -> None:
+        if done >= every * (len(timeline) + 1) or done == count:
+            rss = rss_bytes(baseline["pids"])
+            timeline.append({"done": done, "rss_mb": {str(p): round(v / MB, 1) for p, v in rss.items()}})
+
     started = time.perf_counter()
     jobs, submit_s = submit(soak, count, offset=baseline["jobs"])
-    done = collect(soak, jobs, timeout_s=max(600.0, count / 5))
+    done = collect(soak, jobs, timeout_s=max(600.0, count / 5), on_poll=sample_rss)
     wall_s = time.perf_counter() - started
     submitted = {job.id for job in jobs}
     stored = set(result_keys(soak))
@@ -300,6 +319,7 @@ def soak_phase(soak: Soak, count: int, baseline: dict[str, Any]) -> dict[str, An
         "rss_after_run_mb": {str(p): round(v / MB, 1) for p, v in rss_after.items()},
         "rss_growth": growth,
         "rss_growth_max": max(growth.values()) if growth else None,
+        "rss_timeline": timeline,
         "redis_used_memory": {
             "before": baseline["redis_used_memory"],
             "peak": done.peak_memory,

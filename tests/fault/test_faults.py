@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 import redis
 
-from tests.conftest import wait_for
 from tests.fault.conftest import (
     Driver,
     PrivateRedis,
@@ -158,19 +158,28 @@ def test_redis_unreachable_for_20_s(
     assert worker_pids <= {p.pid for p in psutil.Process(workers.process.pid).children(recursive=True)}
 
 
-def test_worker_over_its_memory_limit_is_replaced(
-    setup, start_worker, fault_reference, submit_stream
-) -> None:
+def test_worker_over_its_memory_limit_is_replaced(setup, start_worker, fault_reference) -> None:
+    """Every pool process is over a 1 kB limit, so Celery replaces it after each task.
+
+    The task it ran completes first (Celery checks the limit between tasks), so no shard is
+    lost; a process killed mid-shard by the kernel's OOM killer is the SIGKILL case above.
+    A stream of jobs is left out here: each job would cost a process restart.
+    """
     settings, wav, out = setup
-    tight = settings.model_copy(update={"worker_max_memory_per_child_kb": 1})  # every child is over it
+    tight = settings.model_copy(update={"worker_max_memory_per_child_kb": 1})
     workers = start_worker(tight, concurrency=2, queues=QUEUES)
     client = redis.Redis.from_url(settings.broker_url)
-    first_children = set(pool_children(client, workers.process.pid))
-    stream = submit_stream(settings, wav, interval_s=1.0)
-    driver = Driver(settings, fault_corpus_of(settings), out, shard_size=30).start()
-    driver.wait_progress(2)
-    wait_for(lambda: set(pool_children(client, workers.process.pid)) - first_children, timeout_s=60)
-    finish_and_check(driver, stream, fault_reference)
+    seen = set(pool_children(client, workers.process.pid))
+    first = set(seen)
+    driver = Driver(settings, fault_corpus_of(settings), out, shard_size=100).start()
+    while driver.process is not None and driver.process.poll() is None:
+        seen |= set(pool_children(client, workers.process.pid))
+        time.sleep(0.1)
+    code, output = driver.finish()
+    assert code == 0, output[-3000:]
+    assert read_outputs(out) == fault_reference
+    print(f"\npool processes seen: {len(seen)} (started with {len(first)})")
+    assert len(seen - first) >= 2  # processes were replaced along the way
 
 
 def test_unwritable_output_folder_is_a_clear_error(setup, start_worker) -> None:
