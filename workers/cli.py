@@ -141,28 +141,35 @@ def submit(
     if op not in ("tokenize", "embed", "extract"):
         err.print(f"[red]error:[/red] op must be tokenize, embed or extract, not {op!r}")
         raise typer.Exit(2)
+    import redis
+    from kombu.exceptions import OperationalError
+
+    from workers.client import read_payload
+
     settings = load_settings()
     require_broker(settings)
     client = Client(settings)
-    jobs = []
-    for path in audio:
-        if send_bytes:
-            try:
-                payload = path.read_bytes()
-            except OSError as exc:
-                err.print(f"[red]error:[/red] cannot read {path}: {exc.strerror}")
-                raise typer.Exit(2) from None
-            jobs.append(client.submit(op, payload, name=str(path)))
-        else:
-            jobs.append(client.submit(op, path))
-    failed = 0
-    for result in client.as_completed(jobs, timeout_s=timeout):
-        failed += 0 if result.ok else 1
+    jobs, refused = [], []
+    try:
+        for path in audio:
+            if not send_bytes:
+                jobs.append(client.submit(op, path))
+                continue
+            payload, problem = read_payload(path, op, settings.max_payload_bytes)
+            if problem is not None:
+                refused.append(problem)
+            else:
+                jobs.append(client.submit(op, payload, name=str(path)))
+        results = [*refused, *client.as_completed(jobs, timeout_s=timeout)]
+    except (OperationalError, redis.RedisError) as exc:
+        err.print(f"[red]error:[/red] cannot reach the broker at {settings.redacted_broker_url()}: {exc}")
+        raise typer.Exit(2) from None
+    for result in results:
         if as_json:
             print(json.dumps(result.to_dict()), flush=True)
         else:
             print_result(result)
-    raise typer.Exit(1 if failed else 0)
+    raise typer.Exit(1 if any(not r.ok for r in results) else 0)
 
 
 def print_result(result: object) -> None:

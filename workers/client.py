@@ -31,6 +31,38 @@ TASK_NAMES = {op: f"voxmill.{op}" for op in OPS}
 POLL_BATCH = 500
 
 
+def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, TaskResult | None]:
+    """The bytes of `path` to send, or an error result when it cannot or must not be sent.
+
+    Refuses before reading: anything but a regular file (a FIFO would block) and files over
+    the payload limit (the worker would refuse them after they crossed Redis).
+    """
+    import os
+    import stat
+
+    def refused(code: str, message: str) -> tuple[bytes, TaskResult]:
+        return b"", TaskResult(input=str(path), op=op, error={"code": code, "message": message})
+
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return refused("not_found", f"no such file: {path}")
+    except OSError as exc:
+        return refused("unreadable", f"cannot read {path}: {exc.strerror}")
+    if not stat.S_ISREG(info.st_mode):
+        return refused("unreadable", f"{path} is not a regular file")
+    if info.st_size > max_payload_bytes:
+        limit_mb = max_payload_bytes / 2**20
+        return refused(
+            "too_large",
+            f"file is {info.st_size / 2**20:.1f} MB; jobs by bytes take at most {limit_mb:.0f} MB",
+        )
+    try:
+        return path.read_bytes(), None
+    except OSError as exc:
+        return refused("unreadable", f"cannot read {path}: {exc.strerror}")
+
+
 class BrokerNotConfigured(RuntimeError):
     """No broker URL: says exactly what to set or run."""
 

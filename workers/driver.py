@@ -308,7 +308,9 @@ def corpus_roots(plan: Plan, out_dir: Path, limit: int = 64) -> list[Path]:
     """The folders an embedded run's workers must be allowed to read (and the output folder)."""
     folders = sorted({Path(u.path).parent for u in plan.utterances()})
     if len(folders) > limit:
-        folders = [Path(os.path.commonpath([str(f) for f in folders]))]
+        common = Path(os.path.commonpath([str(f) for f in folders]))
+        if len(common.parts) > 2:  # never collapse to "/" or a top-level folder such as /home
+            folders = [common]
     minimal: list[Path] = []
     for folder in folders:
         if not any(folder == m or m in folder.parents for m in minimal):

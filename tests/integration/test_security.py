@@ -219,13 +219,10 @@ def test_a_wrong_or_missing_password_is_refused_with_a_clear_message(
     assert "auth" in missing.stderr.lower()
 
 
-@pytest.mark.slow
 def test_submit_with_a_wrong_password_fails_without_leaking_it(
     locked_redis: PrivateRedis, audio_dir: Path
 ) -> None:
-    """Must: fail, say why, leak nothing. Should: one line naming the redacted URL, exit 2 (xfail today:
-    the broker's AuthenticationError escapes as a traceback after ~20 s of Celery's reconnects, exit 1;
-    docs/security.md describes the fix)."""
+    """Fails with one line naming the redacted URL, exit 2, and leaks nothing."""
     done = voxmill(
         "submit", "embed", str(audio_dir / "chirp_3s.wav"), "--json",
         env={"VOXMILL_BROKER_URL": locked_redis.url(WRONG_PASSWORD)},
@@ -237,8 +234,7 @@ def test_submit_with_a_wrong_password_fails_without_leaking_it(
     one_clear_line = (
         done.returncode == 2 and "Traceback" not in done.stderr and "redis://:***@" in done.stderr
     )
-    if not one_clear_line:
-        pytest.xfail("voxmill submit dumps a traceback and exits 1 on a broker authentication error")
+    assert one_clear_line, done.stderr[-2000:]
 
 
 def test_a_worker_with_a_wrong_password_keeps_retrying_and_logs_no_secret(
