@@ -16,6 +16,7 @@ import logging
 import os
 import statistics
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ LOCK_FILE = ".lock"
 PLAN_VERSION = 1
 POLL_S = 0.1
 MAX_DEADLINE_DOUBLINGS = 8  # a shard submitted again and again waits at most 8x the deadline
+RECENT_SHARDS = 200  # the deadline follows the median time of the most recent shards
+WINDOW_REFRESH_S = 2.0  # how often the number of live workers is read again
 
 
 class RunError(Exception):
@@ -143,7 +146,7 @@ class Ledger:
     specs: list[ShardSpec]
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
     inflight: dict[str, InFlight] = field(default_factory=dict)
-    durations_s: list[float] = field(default_factory=list)
+    durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_SHARDS))
     resubmitted: int = 0
 
     def waiting(self) -> list[ShardSpec]:
@@ -180,11 +183,15 @@ class CorpusDriver:
             settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5
         )
         self._redis_down_since: float | None = None
+        self._window_size = 4
+        self._window_read_at = -WINDOW_REFRESH_S
 
     def run(self) -> None:
         """Until every shard file exists: keep a window of shards in flight, resubmit late ones."""
         self.ledger.scan_finished()
-        self._count_done()
+        by_name = {spec.name: spec for spec in self.ledger.specs}
+        for name, value in self.ledger.done.items():
+            self._count(by_name[name], value)
         while len(self.ledger.done) < len(self.ledger.specs):
             try:
                 self._step()
@@ -209,12 +216,15 @@ class CorpusDriver:
         self._resubmit_late()
 
     def _window(self) -> int:
-        """How many shards to keep in flight: twice the worker processes, at least 4."""
-        try:
-            workers = status.count_ready_workers(self.redis)
-        except redis.RedisError:
-            workers = 0
-        return max(4, 2 * workers)
+        """How many shards to keep in flight: twice the live worker processes, at least 4."""
+        now = time.monotonic()
+        if now - self._window_read_at >= WINDOW_REFRESH_S:
+            self._window_read_at = now
+            try:
+                self._window_size = max(4, 2 * status.count_ready_workers(self.redis))
+            except redis.RedisError:
+                self._window_size = 4
+        return self._window_size
 
     def _submit(self, spec: ShardSpec, attempts: int = 1) -> None:
         sent = self.app.send_task(
@@ -243,7 +253,7 @@ class CorpusDriver:
             value = {"ok": ok, "failed": failed}
         self.ledger.done[name] = value
         self.ledger.durations_s.append(time.monotonic() - item.submitted)
-        self._count_done()
+        self._count(item.spec, value)
 
     def _resubmit_late(self) -> None:
         """Submit again every shard past its deadline; each new attempt waits twice as long."""
@@ -262,17 +272,12 @@ class CorpusDriver:
         self.ledger.resubmitted += 1
         self._submit(item.spec, item.attempts + 1)
 
-    def _count_done(self) -> None:
+    def _count(self, spec: ShardSpec, value: dict[str, Any]) -> None:
+        """Add one finished shard to the progress counts."""
         counts = self.view.counts
-        counts.units_done = 0
-        counts.audio_done_s = 0.0
-        counts.failed = 0
-        by_name = {spec.name: spec for spec in self.ledger.specs}
-        for name, value in self.ledger.done.items():
-            spec = by_name[name]
-            counts.units_done += len(spec.utts)
-            counts.audio_done_s += sum(u.duration_s or 0.0 for u in spec.utts)
-            counts.failed += int(value.get("failed", 0))
+        counts.units_done += len(spec.utts)
+        counts.audio_done_s += sum(u.duration_s or 0.0 for u in spec.utts)
+        counts.failed += int(value.get("failed", 0))
 
 
 def run_corpus(

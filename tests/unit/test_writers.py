@@ -272,7 +272,9 @@ def test_merge_reports_mixed_models_across_shards(tmp_path: Path) -> None:
 
 
 def test_speaker_means_uses_float64_and_stores_float32() -> None:
-    table = writers.speaker_means([("s", [1.0, 2.0]), ("t", [0.5, 0.5]), ("s", [2.0, 5.0])])
+    table = writers.speaker_means(
+        ["s", "t", "s"], np.array([[1.0, 2.0], [0.5, 0.5], [2.0, 5.0]], dtype=np.float32)
+    )
     assert table.to_pylist() == [
         {"spk": "s", "embedding": [1.5, 3.5], "num_utts": 2},
         {"spk": "t", "embedding": [0.5, 0.5], "num_utts": 1},
