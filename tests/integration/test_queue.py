@@ -14,23 +14,37 @@ import redis
 from kombu import Connection, Exchange, Producer
 
 from pipeline.records import TaskResult
-from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
+from tests.conftest import clean_env, flush_keeping_claim, make_settings, voxmill, wait_for
 from workers.client import Client
-from workers.status import worker_records
+from workers.embedded import LocalWorkers
 
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture
-def settings(redis_url: str, redis_client: redis.Redis, tiny_models: Path, audio_dir: Path, tmp_path: Path):
-    return make_settings(redis_url, tiny_models, [audio_dir, tmp_path])
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder inside the workers' allowed roots for files the tests make."""
+    return tmp_path_factory.mktemp("scratch")
 
 
-@pytest.fixture
-def worker(start_worker, settings):
-    return start_worker(settings, concurrency=2)
+@pytest.fixture(scope="module")
+def settings(redis_url: str, tiny_models: Path, audio_dir: Path, scratch: Path):
+    flush_keeping_claim(redis.Redis.from_url(redis_url))
+    return make_settings(redis_url, tiny_models, [audio_dir, scratch])
+
+
+@pytest.fixture(scope="module")
+def worker(settings, scratch: Path):
+    """One worker (2 processes) that every test of this module shares; it must survive them all."""
+    workers = LocalWorkers(settings, 2, ["tokenize", "embed", "extract"], log_path=scratch / "worker.log")
+    workers.start()
+    try:
+        workers.wait_ready(120)
+        yield workers
+    finally:
+        workers.stop()
 
 
 @pytest.mark.parametrize("op", ["tokenize", "embed", "extract"])
@@ -57,17 +71,17 @@ def test_round_trip_by_path_and_by_bytes(
 
 
 def test_bad_inputs_come_back_as_codes_and_the_worker_keeps_serving(
-    worker, settings, audio_dir, tmp_path
+    worker, settings, audio_dir, scratch
 ) -> None:
-    text = tmp_path / "notes.wav"
+    text = scratch / "notes.wav"
     text.write_text("this is not audio\n" * 20)
-    short = tmp_path / "short.wav"
+    short = scratch / "short.wav"
     import numpy as np
     import soundfile as sf
 
     sf.write(short, np.full(160, 0.1, dtype=np.float32), 16000)
     client = Client(settings)
-    results = client.run("embed", [text, short, tmp_path / "missing.wav", b"", audio_dir / "chirp_3s.wav"])
+    results = client.run("embed", [text, short, scratch / "missing.wav", b"", audio_dir / "chirp_3s.wav"])
     codes = [r.error["code"] if r.error else "ok" for r in results]
     assert codes == ["unreadable", "too_short", "not_found", "empty", "ok"]
     assert "at least 80 ms" in results[1].error["message"]
@@ -80,10 +94,10 @@ def test_wrong_field_types_are_bad_request(worker, settings) -> None:
         assert TaskResult.from_dict(value).error["code"] == "bad_request"
 
 
-def test_paths_outside_the_allowed_roots_are_forbidden(worker, settings, audio_dir, tmp_path) -> None:
+def test_paths_outside_the_allowed_roots_are_forbidden(worker, settings, audio_dir, scratch) -> None:
     outside = Path("/tmp") / f"voxmill-outside-{os.getpid()}.wav"
     outside.write_bytes((audio_dir / "chirp_3s.wav").read_bytes())
-    link = tmp_path / "escape.wav"
+    link = scratch / "escape.wav"
     link.symlink_to(outside)
     try:
         dotdot = str(audio_dir / ".." / ".." / outside.relative_to("/"))
@@ -116,17 +130,6 @@ def test_pickle_and_unknown_content_types_are_refused(worker, settings, audio_di
     assert worker.alive()
 
 
-def test_embed_only_worker_never_loads_the_tokenizer(start_worker, settings, redis_client, audio_dir) -> None:
-    workers = start_worker(settings, concurrency=1, queues=("embed",))
-    client = Client(settings)
-    tokenize_job = client.submit("tokenize", audio_dir / "chirp_3s.wav")
-    assert client.run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=30)[0].error is None
-    records = [r for r in worker_records(redis_client) if r["ppid"] == workers.process.pid]
-    assert records and all(set(r["models"]) == {"embedder"} for r in records)
-    assert redis_client.llen("tokenize") == 1
-    assert client.app.AsyncResult(tokenize_job.id).state == "PENDING"
-
-
 def test_celery_inspect_ping_sees_the_worker(worker, settings) -> None:
     env = clean_env(settings.to_env())
     done = subprocess.run(
@@ -140,7 +143,7 @@ def test_celery_inspect_ping_sees_the_worker(worker, settings) -> None:
     assert "pong" in done.stdout
 
 
-def test_submit_command_prints_contract_json_and_exit_codes(worker, settings, audio_dir, tmp_path) -> None:
+def test_submit_command_prints_contract_json_and_exit_codes(worker, settings, audio_dir, scratch) -> None:
     env = settings.to_env()
     good = voxmill("submit", "extract", str(audio_dir / "chirp_3s.wav"), "--json", env=env)
     assert good.returncode == 0, good.stderr
@@ -152,7 +155,7 @@ def test_submit_command_prints_contract_json_and_exit_codes(worker, settings, au
         and set(row["models"]) == {"tokenizer", "embedder"}
     )
     mixed = voxmill(
-        "submit", "tokenize", str(audio_dir / "chirp_3s.wav"), str(tmp_path / "nope.wav"), "--json", env=env
+        "submit", "tokenize", str(audio_dir / "chirp_3s.wav"), str(scratch / "nope.wav"), "--json", env=env
     )
     assert mixed.returncode == 1
     rows = [json.loads(line) for line in mixed.stdout.splitlines()]
@@ -169,53 +172,3 @@ def test_worker_without_broker_says_what_to_set() -> None:
     done = voxmill("worker")
     assert done.returncode == 2
     assert "VOXMILL_BROKER_URL" in done.stderr
-
-
-def test_worker_with_a_slow_loading_model_still_comes_up(
-    start_worker, redis_url, redis_client, tmp_path, audio_dir
-) -> None:
-    """Warm-up takes longer than Celery's default 4 s proc-alive timeout; the pool must not kill it."""
-    from pipeline.standin import make_embedder_model, write_model
-
-    models = tmp_path / "models"
-    models.mkdir()
-    write_model(make_embedder_model("full"), models / "campplus.onnx")
-    slow = make_settings(redis_url, models, [audio_dir], warmup_runs=250)
-    workers = start_worker(slow, concurrency=1, queues=("embed",), timeout_s=180)
-    record = next(r for r in worker_records(redis_client) if r["ppid"] == workers.process.pid)
-    model = record["models"]["embedder"]
-    assert model["load_s"] + model["warmup_s"] > 4.0  # longer than Celery's default proc-alive timeout
-    result = Client(slow).run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=60)[0]
-    assert result.error is None
-    log = workers.log_path.read_text()
-    assert "Timed out waiting for UP message" not in log
-
-
-def test_voxmill_up_serves_and_stops_cleanly(tiny_models: Path, audio_dir: Path, tmp_path: Path) -> None:
-    env = clean_env({"VOXMILL_MODEL_DIR": str(tiny_models), "VOXMILL_ALLOWED_ROOTS": str(audio_dir)})
-    proc = subprocess.Popen(
-        [VOXMILL, "up", "--workers", "1", "--no-watch"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    try:
-        url = None
-        while url is None:
-            line = proc.stdout.readline()
-            assert line, "voxmill up exited early:\n" + "".join(lines)
-            lines.append(line)
-            if "export VOXMILL_BROKER_URL=" in line:
-                url = line.split("=", 1)[1].strip()
-        done = voxmill(
-            "submit", "embed", str(audio_dir / "chirp_3s.wav"), "--json", env={"VOXMILL_BROKER_URL": url}
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-    finally:
-        proc.send_signal(2)
-        proc.wait(timeout=60)
-    leftover = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
-    assert leftover.stdout.strip() == "", "processes left behind: " + leftover.stdout
