@@ -82,6 +82,8 @@ class ProgressView:
         if self._progress is not None:
             self.update()
             self._progress.stop()
+        elif not self.quiet:
+            print(f"extract: {self.counts.line()}", file=sys.stderr, flush=True)
 
 
 def summary_table(report: dict[str, Any], out_dir: str) -> Table:
