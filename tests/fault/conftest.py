@@ -83,7 +83,7 @@ def fault_models(slow_models: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def fault_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_audio_folder(tmp_path_factory.mktemp("fault-corpus"), CORPUS_SIZE, 1.0, 3.0, seed=5)
+    return make_audio_folder(tmp_path_factory.mktemp("fault-corpus"), CORPUS_SIZE, 0.5, 1.5, seed=5)
 
 
 @pytest.fixture(scope="session")
