@@ -67,6 +67,11 @@ def create_app(settings: Settings, polled_results: bool = False) -> Celery:
         redis_socket_connect_timeout=5.0,
         redis_socket_keepalive=True,
         result_expires=settings.result_expires_s,
+        # A result that cannot be stored during a broker outage is retried, not turned into a failure.
+        result_backend_always_retry=True,
+        result_backend_max_retries=30,
+        result_backend_base_sleep_between_retries_ms=200,
+        result_backend_max_sleep_between_retries_ms=10_000,
         result_extended=False,
         task_time_limit=settings.task_time_limit_s,
         task_soft_time_limit=max(1, settings.task_time_limit_s - 30),
