@@ -138,7 +138,96 @@ def ms_per_audio_s(
     }
 
 
-def measure_parity(models: Path) -> dict[str, Any]:
+def mixdown_ms_per_audio_s(seconds: float = 10.0, runs: int = 15) -> dict[str, Any]:
+    """Stereo 44.1 kHz to mono: numpy's mean over the channel axis (before) vs `to_mono` (after)."""
+    from pipeline.audio import to_mono
+
+    stereo = np.random.default_rng(5).normal(0.0, 0.1, (int(seconds * 44100), 2)).astype(np.float32)
+    out: dict[str, Any] = {}
+    for name, function in (
+        ("mean_axis_1", lambda: stereo.mean(axis=1, dtype=np.float32)),
+        ("to_mono", lambda: to_mono(stereo)),
+    ):
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            function()
+            times.append((time.perf_counter() - started) * 1000 / seconds)
+        out[name] = {
+            "median": round(statistics.median(times), 4),
+            "min": round(min(times), 4),
+            "max": round(max(times), 4),
+        }
+    out["identical"] = bool(np.array_equal(to_mono(stereo), stereo.mean(axis=1, dtype=np.float32)))
+    return out
+
+
+def dense_blas_log_mel(wave: FloatArray, n_mels: int = 128) -> FloatArray:
+    """`whisper_log_mel` before its mel product became sparse: a dense float32 BLAS product."""
+    from pipeline.features import mel_filters, power_spectrum
+
+    mel = mel_filters(n_mels) @ power_spectrum(wave)
+    log_spec = np.log10(np.maximum(mel, np.float32(1e-10)))
+    log_spec = np.maximum(log_spec, log_spec.max() - np.float32(8.0))
+    out: FloatArray = ((log_spec + np.float32(4.0)) / np.float32(4.0)).astype(np.float32, copy=False)
+    return out
+
+
+def log_mel_change(models: Path, paths: list[str], calls: int = 30) -> dict[str, Any]:
+    """The sparse mel product against the dense BLAS one: differences in log-mel and in tokens on
+    corpus clips, and the process CPU milliseconds per call, each in a fresh process (BLAS
+    threads' spinning included; a 10 ms pause after each call, as a model run would leave)."""
+    from pipeline.audio import load_audio
+    from pipeline.extraction import tokenizer_inputs
+    from pipeline.features import whisper_log_mel
+    from pipeline.registry import Registry
+    from pipeline.sessions import ModelSession, SessionOptions
+    from pipeline.settings import AudioLimits
+
+    registry = Registry.load()
+    session = ModelSession.load(
+        registry.find_model("tokenizer", models), "tokenizer", SessionOptions("cpu"), registry
+    )
+    max_diff, cells, cells_diff, tokens, tokens_diff = 0.0, 0, 0, 0, 0
+    for path in paths:
+        wave = load_audio(path, AudioLimits()).samples
+        new, old = whisper_log_mel(wave), dense_blas_log_mel(wave)
+        max_diff = max(max_diff, float(np.abs(new - old).max()))
+        cells += new.size
+        cells_diff += int((new != old).sum())
+        a = session.run(tokenizer_inputs(new))[0].flatten()
+        b = session.run(tokenizer_inputs(old))[0].flatten()
+        tokens += a.size
+        tokens_diff += int((a != b).sum())
+    from benchmarks.common import child_env, python_command, run_json_child
+
+    cpu_ms = {}
+    for name in ("dense_blas", "sparse"):
+        command = python_command("benchmarks.parity", "log-mel-cpu", name, str(calls))
+        cpu_ms[name] = run_json_child(command, child_env(), timeout_s=120)["cpu_ms"]
+    return {
+        "clips": len(paths),
+        "max_abs_diff": max_diff,
+        "cells_differing": cells_diff,
+        "cells": cells,
+        "tokens_differing": tokens_diff,
+        "tokens": tokens,
+        "cpu_ms_per_10s_clip": cpu_ms,
+    }
+
+
+def mel_filters_match_librosa() -> bool:
+    """`pipeline.features.mel_filters` (no librosa import) is bit-identical to librosa's."""
+    import librosa
+
+    from pipeline.features import mel_filters
+
+    return all(
+        np.array_equal(mel_filters(n), librosa.filters.mel(sr=16000, n_fft=400, n_mels=n)) for n in (80, 128)
+    )
+
+
+def measure_parity(models: Path, corpus_paths: list[str] | None = None) -> dict[str, Any]:
     from pipeline.features import kaldi_fbank, whisper_log_mel
 
     waves = fixture_waves()
@@ -158,9 +247,35 @@ def measure_parity(models: Path) -> dict[str, Any]:
         },
         "embedding_cosine_vs_knf": embedding_cosines(models, waves),
         "resample_vs_torchaudio": resample_error(),
+        "stereo_mixdown_ms_per_audio_s": mixdown_ms_per_audio_s(),
+        "mel_filters_identical_to_librosa": mel_filters_match_librosa(),
+        "log_mel_sparse_vs_blas": log_mel_change(models, corpus_paths or []),
         "feature_ms_per_audio_s": {
             "whisper_log_mel_128": ms_per_audio_s(whisper_log_mel),
             "kaldi_fbank": ms_per_audio_s(kaldi_fbank),
             "kaldi_native_fbank": ms_per_audio_s(knf_fbank),
         },
     }
+
+
+def log_mel_cpu_ms(kind: str, calls: int) -> float:
+    """Process CPU milliseconds per `whisper_log_mel` call of a 10 s clip (`kind`: sparse or dense_blas)."""
+    from pipeline.demo import speechlike
+    from pipeline.features import whisper_log_mel
+
+    function = dense_blas_log_mel if kind == "dense_blas" else whisper_log_mel
+    wave = speechlike(10.0, 16000, 150.0, seed=3)
+    function(wave)
+    started = time.process_time()
+    for _ in range(calls):
+        function(wave)
+        time.sleep(0.01)
+    return round((time.process_time() - started) * 1000 / calls, 3)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if sys.argv[1:2] == ["log-mel-cpu"]:
+        print(json.dumps({"cpu_ms": log_mel_cpu_ms(sys.argv[2], int(sys.argv[3]))}))

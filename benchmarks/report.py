@@ -333,31 +333,50 @@ def break_even(op: str, res: dict[str, Any], target: float, audio_s: float) -> L
 
 def scaling_section(data: dict[str, Any]) -> Lines:
     corpus = data["corpus"]
+    small = data.get("small_shard_size")
     lines = [
         "## Scaling (issue 7, item 6)",
         "",
         f"The first {corpus['clips']} clips ({corpus['audio_s'] / 60:.1f} min). End to end: `voxmill extract "
         "--ops tokenize,embed` as a whole process; model only: the limit measurement. PxT = processes × "
-        "intra-op threads (`VOXMILL_INTRA_OP_THREADS`).",
+        "intra-op threads (`VOXMILL_INTRA_OP_THREADS`)"
+        + (f"; `2x1/s{small}`: 2 processes with `--shard-size {small}`" if small else "")
+        + ".",
         "",
     ]
     rows = []
     cases = [("end to end", data["end_to_end"])]
     cases += [(f"{op}, model only", res) for op, res in data["model_only"].items()]
     for label, res in cases:
+        walls = res["wall_s"]
+        small_value = res.get("speedup_2_vs_1_process_small_shards")
         rows.append(
             [
                 label,
-                secs(res["wall_s"]["1x1"]),
-                secs(res["wall_s"]["2x1"]),
-                secs(res["wall_s"]["1x2"]),
+                secs(walls["1x1"]),
+                secs(walls["2x1"]),
+                secs(walls["1x2"]),
+                secs(walls.get("2x1/s8")) if "2x1/s8" in walls else "",
                 f"{fmt(res['speedup_2_vs_1_process'], 2, '×')} "
                 f"({verdict(res['speedup_2_vs_1_process'], data['target_speedup'])})",
+                f"{fmt(small_value, 2, '×')} ({verdict(small_value, data['target_speedup'])})"
+                if small_value
+                else "",
                 fmt(res["processes_vs_threads"], 2, "×"),
             ]
         )
     return lines + table(
-        ["", "1x1", "2x1", "1x2", "2 vs 1 process (target ≥ 1.8×)", "2x1 faster than 1x2 by"], rows
+        [
+            "",
+            "1x1",
+            "2x1",
+            "1x2",
+            f"2x1/s{small}" if small else "2x1/s",
+            "2 vs 1 process",
+            "2 vs 1, small shards",
+            "2x1 faster than 1x2 by",
+        ],
+        rows,
     )
 
 
@@ -466,25 +485,36 @@ def variants_section(data: dict[str, Any]) -> Lines:
         "## Driver and worker changes, measured (proposals for code outside the benchmark)",
         "",
         "`benchmarks/prototype.py` runs `extract_corpus`'s steps with one change at a time (`extract` is "
-        "`voxmill extract` itself): `longest-first` submits shards by decreasing audio seconds, `fast-stop` "
-        "kills the idle workers once everything is merged, `all` adds starting the workers before planning. "
+        "`voxmill extract` itself): `longest-first` submits shards by decreasing audio seconds; `all` adds "
+        "`--fast-stop` (kill the idle workers once everything is merged instead of a warm shutdown) and "
+        "`--overlap` (start the workers before planning). "
         "`blas-1-thread` is `voxmill extract` with `OPENBLAS_NUM_THREADS=1`; `shard-size-N` is "
         "`--shard-size N`. Start-up = spawn → first task, tail = last task → exit, per worker process.",
         "",
     ]
     for op, variants in data["ops"].items():
-        rows = [
-            [
-                name,
-                secs(res["wall_s"]),
-                fmt(res["vs_extract"], 3, "×"),
-                secs(res["startup_s"]),
-                secs(res["tail_s"]),
-            ]
-            for name, res in variants.items()
-        ]
+        rows = []
+        for name, res in variants.items():
+            timeline = res.get("timeline_s") or {}
+            stop = (
+                timeline["stopped"] - timeline["merged"] if {"stopped", "merged"} <= set(timeline) else None
+            )
+            rows.append(
+                [
+                    name,
+                    secs(res["wall_s"]),
+                    fmt(res["vs_extract"], 3, "×"),
+                    fmt(res.get("cpu_s"), 1, " s"),
+                    secs(res["startup_s"]),
+                    secs(res["tail_s"]),
+                    secs(stop) if stop is not None else "",
+                ]
+            )
         lines += [f"**{op}**", ""]
-        lines += table(["variant", "wall", "speed-up vs extract", "start-up", "tail"], rows)
+        lines += table(
+            ["variant", "wall", "speed-up vs extract", "CPU (tree)", "start-up", "tail", "stop (one run)"],
+            rows,
+        )
     return lines
 
 
@@ -633,64 +663,127 @@ def core_section(data: dict[str, Any]) -> Lines:
     return lines + table(["stand-in", "load", "first inference", "of which model", "deployment guide"], rows)
 
 
+SNAPSHOTS = (
+    ("baseline", "before"),
+    ("step-fbank", "1+2"),
+    ("step-blas", "1+2+3"),
+)
+
+
+def change_notes(core: dict[str, Any]) -> Lines:
+    """The kept changes, each measured within the current run."""
+    parity = core["parity"]
+    lines: Lines = []
+    speeds = parity["feature_ms_per_audio_s"]
+    worst, knf = parity["fbank_worst"], parity["fbank_knf_worst"]
+    cosine = min(parity["embedding_cosine_vs_knf"].values())
+    lines += [
+        "1. **Kaldi fbank** (`pipeline/features.py`, `kaldi_fbank`): kaldi-native-fbank's per-frame loop "
+        "replaced by a vectorised numpy/scipy fbank (blocks of 256 frames, float64 after the wave, "
+        "pre-emphasis once over the wave, a sparse mel product). Same run, same 10 s clip: "
+        f"{fmt(speeds['kaldi_native_fbank'], 3)} → {fmt(speeds['kaldi_fbank'], 3)} ms per audio second. "
+        "Parity against torchaudio (worst fixture, overall / above -5): "
+        f"{knf['overall']:.1e} / {knf['above_minus5']:.1e} before, {worst['overall']:.1e} / "
+        f"{worst['above_minus5']:.1e} after; CAM++ embeddings against the old fbank: cosine ≥ "
+        f"{cosine:.9f}. Kept.",
+    ]
+    mixdown = parity.get("stereo_mixdown_ms_per_audio_s")
+    if mixdown:
+        lines += [
+            "2. **Stereo mixdown** (`pipeline/audio.py`, `to_mono`): `(a + b) / 2` in float32 instead of "
+            "numpy's mean over the 2-wide channel axis (a slow reduction); bit-identical "
+            f"({'checked' if mixdown['identical'] else '**not identical**'}): "
+            f"{fmt(mixdown['mean_axis_1'], 3)} → {fmt(mixdown['to_mono'], 3)} ms per audio second of "
+            "44.1 kHz stereo. Kept.",
+        ]
+    change = parity.get("log_mel_sparse_vs_blas")
+    if change and change.get("clips"):
+        cpu = change["cpu_ms_per_10s_clip"]
+        lines += [
+            "3. **Log-mel without BLAS** (`pipeline/features.py`, `whisper_log_mel`): the mel product as a "
+            "sparse float64 product instead of a dense float32 BLAS call. OpenBLAS starts a thread per "
+            "core for that call, and the threads then spin on the cores where the other workers' models "
+            "run. Process CPU per 10 s clip (BLAS threads included): "
+            f"{cpu['dense_blas']:.1f} → {cpu['sparse']:.1f} ms. Outputs: at most "
+            f"{change['max_abs_diff']:.1e} from before ({change['cells_differing']} of {change['cells']} "
+            f"cells differ by float32 rounding); tokens of the {change['clips']} clips through the "
+            f"tokenizer: {change['tokens_differing']} of {change['tokens']} differ. Kept.",
+        ]
+    if "mel_filters_identical_to_librosa" in parity:
+        identical = (
+            "bit-identical (checked)" if parity["mel_filters_identical_to_librosa"] else "**different**"
+        )
+        lines += [
+            "4. **Whisper mel filters without librosa** (`pipeline/features.py`, `mel_filters`): librosa's "
+            f"Slaney filter code in numpy, {identical}; importing `librosa.filters` took about 1 s of every "
+            "tokenizer worker's start-up (its first log-mel, in the warm-up). Kept.",
+        ]
+    lines += [
+        "5. **Finer stage timings** (`pipeline/extraction.py`, `pipeline/audio.py`): `timings_ms` now "
+        "partitions a request into `decode`, `resample`, `log_mel`, `tokenize`, `fbank`, `embed` "
+        "(`tokenize`/`embed` are the model alone); `load_audio(..., timings_ms=)`, `tokenize(...,"
+        " timings=)`, `embed(..., timings=)`. Instrumentation, no cost measurable.",
+        "",
+    ]
+    return lines
+
+
 def before_after(folder: Path) -> Lines:
-    """The optimisations' before and after: in-run comparisons, then `baseline/` against now."""
+    """The optimisations: in-run measurements of each change, then whole runs before and after."""
     core = load(folder, "core")
-    base_dir = folder / "baseline"
-    before, after = load(base_dir, "limit-vs-voxmill"), load(folder, "limit-vs-voxmill")
-    if core is None and before is None:
+    now = load(folder, "limit-vs-voxmill")
+    snapshots = [
+        (label, data) for name, label in SNAPSHOTS if (data := load(folder / name, "limit-vs-voxmill"))
+    ]
+    if core is None and not snapshots:
         return []
     lines = ["## Optimisations: before and after", ""]
     if core is not None:
-        speeds = core["parity"]["feature_ms_per_audio_s"]
-        worst, knf = core["parity"]["fbank_worst"], core["parity"]["fbank_knf_worst"]
-        cosine = min(core["parity"]["embedding_cosine_vs_knf"].values())
-        lines += [
-            "**Kaldi fbank** (`pipeline/features.py`): kaldi-native-fbank's per-frame loop replaced by a "
-            "vectorised numpy/scipy fbank (blocks of 256 frames, float64 after the wave, pre-emphasis once "
-            "over "
-            "the wave, sparse mel product so no BLAS threads start). Same run, same clip: "
-            f"{fmt(speeds['kaldi_native_fbank'], 3)} → {fmt(speeds['kaldi_fbank'], 3)} ms per audio second; "
-            f"parity against torchaudio (worst clip, overall / above -5) {knf['overall']:.1e} / "
-            f"{knf['above_minus5']:.1e} → {worst['overall']:.1e} / {worst['above_minus5']:.1e}; "
-            "embeddings vs "
-            f"the old implementation: cosine ≥ {cosine:.9f}. Kept.",
-            "",
-        ]
-    if before and after:
+        lines += change_notes(core)
+    if now and snapshots:
+        columns = [*snapshots, ("now: 1–4", now)]
         rows = []
-        for op in after["ops"]:
-            if op not in before["ops"]:
-                continue
-            b, a = before["ops"][op], after["ops"][op]
+        for op in now["ops"]:
             for label, key, digits in (
                 ("voxmill / limit", "ratio_to_limit", 3),
                 ("CPU: limit / voxmill", "cpu_ratio_to_limit", 3),
                 ("in-task / limit", "steady_ratio_to_limit", 3),
                 ("speed-up vs plain loop", "speedup_vs_plain", 2),
             ):
-                rows.append([op, label, fmt(b.get(key), digits), fmt(a.get(key), digits)])
-            rows.append(
-                [
-                    op,
-                    "features, share per utterance",
-                    pct(b["stages"]["share_per_utterance"].get("features")),
-                    pct(a["stages"]["share_per_utterance"].get("features")),
-                ]
-            )
+                rows.append([op, label, *(fmt(d["ops"].get(op, {}).get(key), digits) for _, d in columns)])
+            for stage in ("features", "inference"):
+                rows.append(
+                    [
+                        op,
+                        f"{stage}, share per utterance",
+                        *(
+                            pct(
+                                d["ops"]
+                                .get(op, {})
+                                .get("stages", {})
+                                .get("share_per_utterance", {})
+                                .get(stage)
+                            )
+                            for _, d in columns
+                        ),
+                    ]
+                )
+        measured = ", ".join(f"{label}: {d['machine']['time'][:16]}" for label, d in columns)
         lines += [
-            f"`make bench` before (`{base_dir.name}/`, measured {before['machine']['time']}) and after "
-            f"({after['machine']['time']}). Ratios are taken within each run, so the machine's load at the "
-            "time mostly cancels out; the walls themselves are not comparable across runs.",
+            "Whole `make bench` main sections, each from its own run with the changes numbered above ("
+            + measured
+            + "; `baseline/`, `step-fbank/` and `step-blas/` hold their result files). Ratios are taken "
+            "within each run, so the machine's load "
+            "at the time mostly cancels out; walls are not comparable across runs. The stage shares come "
+            "from each run's median `voxmill extract`.",
             "",
         ]
-        lines += table(["op", "measure", "before", "after"], rows)
-    b4, a4 = load(base_dir, "corpus-throughput"), load(folder, "corpus-throughput")
+        lines += table(["op", "measure", *(label for label, _ in columns)], rows)
+    b4, a4 = load(folder / "baseline", "corpus-throughput"), load(folder, "corpus-throughput")
     if b4 and a4:
         lines += [
-            "Issue 4 (both ops): speed-up of voxmill extract vs the Extractor loop "
-            f"{fmt(b4['speedup'], 2, '×')} "
-            f"before, {fmt(a4['speedup'], 2, '×')} after.",
+            "Issue 4 (both ops): voxmill extract vs the Extractor loop "
+            f"{fmt(b4['speedup'], 2, '×')} before, {fmt(a4['speedup'], 2, '×')} now.",
             "",
         ]
     return lines

@@ -79,6 +79,7 @@ class Config:
     main: CorpusRecipe
     issue4: CorpusRecipe
     scaling_clips: int
+    variant_clips: int
     queue_tasks: int
     variant_shard_sizes: tuple[int, ...]
 
@@ -94,6 +95,7 @@ class Config:
                 main=CorpusRecipe("quick", 6, 1.0, 4.0),
                 issue4=CorpusRecipe("quick", 6, 1.0, 4.0),
                 scaling_clips=4,
+                variant_clips=6,
                 queue_tasks=30,
                 variant_shard_sizes=(),
             )
@@ -105,6 +107,7 @@ class Config:
             main=CorpusRecipe("main", 240, 1.0, 25.0),
             issue4=CorpusRecipe("issue4", 200, 1.0, 20.0, "uniform", seed=4),
             scaling_clips=60,
+            variant_clips=120,
             queue_tasks=1000,
             variant_shard_sizes=(8,),
         )
@@ -217,37 +220,54 @@ def summarize_main(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def section_scaling(cfg: Config) -> dict[str, Any]:
+    """1 vs 2 processes and 2x1 vs 1x2 threads, end to end and for the model alone. `2x1/s8` is
+    2 processes with `--shard-size 8`: a corpus this small makes only two shards per op at the
+    default size, too few to keep two processes busy to the end."""
     models = make_models(cfg.profile)
     clips = subset(make_corpus(cfg.main), cfg.scaling_clips)
     manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{cfg.main.name}-scaling.jsonl")
-    configs = {"1x1": (1, 1), "2x1": (2, 1), "1x2": (1, 2)}
+    small_shards = max(1, cfg.scaling_clips // 8)
+    configs: dict[str, tuple[int, int, int | None]] = {
+        "1x1": (1, 1, None),
+        "2x1": (2, 1, None),
+        "1x2": (1, 2, None),
+        "2x1/s8": (2, 1, small_shards),
+    }
     e2e: dict[str, list[float]] = {name: [] for name in configs}
-    model: dict[str, dict[str, list[float]]] = {op: {name: [] for name in configs} for op in OPS}
+    model: dict[str, dict[str, list[float]]] = {
+        op: {name: [] for name in configs if "/" not in name} for op in OPS
+    }
     for repeat in range(cfg.repeats):
         for name in rotate(list(configs), repeat):
-            processes, threads = configs[name]
+            processes, threads, shard_size = configs[name]
             log(f"scaling: repeat {repeat + 1}/{cfg.repeats}: {name} end to end")
-            e2e[name].append(run_extract(manifest, models, list(OPS), processes, threads=threads)["wall_s"])
+            run = run_extract(manifest, models, list(OPS), processes, threads=threads, shard_size=shard_size)
+            e2e[name].append(run["wall_s"])
+            if "/" in name:
+                continue
             for op in OPS:
                 log(f"scaling: repeat {repeat + 1}/{cfg.repeats}: {name} {op} model only")
                 model[op][name].append(measure_limit(clips, models, op, processes, threads)["wall_s"])
 
+    def ratio(walls: dict[str, list[float]], a: str, b: str) -> dict[str, Any]:
+        return summary([x / y for x, y in zip(walls[a], walls[b], strict=True)])
+
     def ratios(walls: dict[str, list[float]]) -> dict[str, Any]:
-        return {
+        out = {
             "wall_s": {name: summary(values) for name, values in walls.items()},
-            "speedup_2_vs_1_process": summary(
-                [a / b for a, b in zip(walls["1x1"], walls["2x1"], strict=True)]
-            ),
-            "processes_vs_threads": summary([a / b for a, b in zip(walls["1x2"], walls["2x1"], strict=True)]),
-            "threads_speedup_1x2_vs_1x1": summary(
-                [a / b for a, b in zip(walls["1x1"], walls["1x2"], strict=True)]
-            ),
+            "speedup_2_vs_1_process": ratio(walls, "1x1", "2x1"),
+            "processes_vs_threads": ratio(walls, "1x2", "2x1"),
+            "threads_speedup_1x2_vs_1x1": ratio(walls, "1x1", "1x2"),
         }
+        if "2x1/s8" in walls:
+            out["speedup_2_vs_1_process_small_shards"] = ratio(walls, "1x1", "2x1/s8")
+        return out
 
     return {
         "corpus": corpus_info(clips, cfg.main),
         "models": cfg.profile,
         "repeats": cfg.repeats,
+        "small_shard_size": small_shards,
         "end_to_end": ratios(e2e),
         "model_only": {op: ratios(model[op]) for op in OPS},
         "target_speedup": 1.8,
@@ -353,12 +373,11 @@ def summarize_memory(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def section_variants(cfg: Config) -> dict[str, Any]:
     models = make_models(cfg.profile)
-    clips = make_corpus(cfg.main)
-    manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{cfg.main.name}.jsonl")
+    clips = subset(make_corpus(cfg.main), cfg.variant_clips)
+    manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{cfg.main.name}-variants.jsonl")
     variants: dict[str, dict[str, Any]] = {
         "extract": {},
         "longest-first": {"variant": ["--order", "longest-first"]},
-        "fast-stop": {"variant": ["--fast-stop"]},
         "all": {"variant": ["--order", "longest-first", "--fast-stop", "--overlap"]},
         "blas-1-thread": {"env_extra": SINGLE_THREAD_BLAS},
     }
@@ -381,6 +400,7 @@ def section_variants(cfg: Config) -> dict[str, Any]:
                 "tail_s": summary([r["stages"]["process_s"]["tail"] / cfg.workers for r in runs]),
                 "startup_s": summary([r["stages"]["process_s"]["startup"] / cfg.workers for r in runs]),
                 "timeline_s": runs[0].get("timeline_s"),
+                "cpu_s": summary([r["cpu_s"] for r in runs], 2),
             }
             for name, runs in walls.items()
         }
@@ -454,7 +474,8 @@ def section_core(cfg: Config) -> dict[str, Any]:
     from benchmarks.parity import measure_parity
 
     log("core: parity")
-    parity = measure_parity(make_models(cfg.profile))
+    paths = [c.path for c in subset(make_corpus(cfg.main), 6 if cfg.quick else 30)]
+    parity = measure_parity(make_models(cfg.profile), paths)
     loads: dict[str, dict[str, Any]] = {}
     for profile in ("tiny",) if cfg.quick else ("tiny", "full"):
         models = make_models(profile)

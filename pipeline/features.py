@@ -3,6 +3,9 @@
 - `whisper_log_mel`: whisper's `log_mel_spectrogram` (speech tokenizer input).
 - `kaldi_fbank`: torchaudio's `compliance.kaldi.fbank` (CAM++ input), vectorised over frames
   (about 3x faster than kaldi-native-fbank, and nearer torch's numbers).
+
+Neither calls BLAS: the mel products are sparse. Worker processes run one single-threaded model
+each, one per core; a BLAS call would start a thread per core that then competes with them.
 """
 
 from __future__ import annotations
@@ -29,11 +32,45 @@ FloatArray = npt.NDArray[np.float32]
 
 @lru_cache(maxsize=4)
 def mel_filters(n_mels: int) -> FloatArray:
-    """Slaney mel filters [n_mels, 201]; librosa's are bit-identical to whisper's `mel_filters.npz`."""
-    import librosa
+    """Slaney mel filters [n_mels, 201]: whisper's `mel_filters.npz`, which is librosa's
+    `filters.mel(sr=16000, n_fft=400, n_mels=n_mels)`.
 
-    filters = librosa.filters.mel(sr=SAMPLE_RATE_HZ, n_fft=N_FFT, n_mels=n_mels)
-    return np.ascontiguousarray(filters, dtype=np.float32)
+    The same operations as librosa's, in the same order, so the result is bit-identical
+    (`benchmarks/parity.py` checks it), without importing librosa (about 1 s at worker start).
+    """
+    f_sp = 200.0 / 3  # Slaney: linear below 1 kHz, 200/3 Hz per mel
+    min_log_hz = 1000.0
+    min_log_mel = min_log_hz / f_sp
+    logstep = np.log(6.4) / 27.0
+    max_mel = min_log_mel + np.log((SAMPLE_RATE_HZ / 2) / min_log_hz) / logstep  # hz_to_mel(8000)
+    mels = np.linspace(0.0, max_mel, n_mels + 2)
+    mel_hz = f_sp * mels
+    log_t = mels >= min_log_mel
+    mel_hz[log_t] = min_log_hz * np.exp(logstep * (mels[log_t] - min_log_mel))
+    fft_hz = np.fft.rfftfreq(n=N_FFT, d=1.0 / SAMPLE_RATE_HZ)
+    fdiff = np.diff(mel_hz)
+    ramps = np.subtract.outer(mel_hz, fft_hz)
+    weights = np.zeros((n_mels, 1 + N_FFT // 2), dtype=np.float32)
+    for i in range(n_mels):
+        lower = -ramps[i] / fdiff[i]
+        upper = ramps[i + 2] / fdiff[i + 1]
+        weights[i] = np.maximum(0, np.minimum(lower, upper))
+    weights *= (2.0 / (mel_hz[2 : n_mels + 2] - mel_hz[:n_mels]))[:, np.newaxis]
+    return weights
+
+
+@lru_cache(maxsize=4)
+def _sparse_mel_filters(n_mels: int) -> Any:
+    """`mel_filters` as a float64 CSR matrix (about 400 of 25728 weights are non-zero).
+
+    A dense float32 product would go to BLAS, and OpenBLAS wakes one thread per core for it:
+    threads that then spin on the cores the other worker processes' models run on (measured in
+    BENCHMARKS.md). This product needs no BLAS and is exact to float32 rounding (within one ulp
+    of the BLAS one).
+    """
+    import scipy.sparse
+
+    return scipy.sparse.csr_matrix(mel_filters(n_mels).astype(np.float64))
 
 
 @lru_cache(maxsize=1)
@@ -59,9 +96,10 @@ def power_spectrum(wave: FloatArray) -> FloatArray:
 def whisper_log_mel(wave: FloatArray, n_mels: int = 128) -> FloatArray:
     """Whisper log-mel spectrogram: 16 kHz float32 [N] -> float32 [n_mels, N // 160].
 
-    log10 of the mel power floored at 1e-10, clamped to (max - 8), then (x + 4) / 4.
+    log10 of the mel power floored at 1e-10, clamped to (max - 8), then (x + 4) / 4. The mel
+    product is sparse and in float64 (`_sparse_mel_filters`): no BLAS call, so no BLAS threads.
     """
-    mel = mel_filters(n_mels) @ power_spectrum(wave)
+    mel = (_sparse_mel_filters(n_mels) @ power_spectrum(wave).astype(np.float64)).astype(np.float32)
     log_spec = np.log10(np.maximum(mel, np.float32(1e-10)))
     log_spec = np.maximum(log_spec, log_spec.max() - np.float32(8.0))
     out: FloatArray = ((log_spec + np.float32(4.0)) / np.float32(4.0)).astype(np.float32, copy=False)

@@ -6,7 +6,7 @@ the reference clip, check the outputs are finite. It runs in a child process, so
 crashes or hangs ONNX Runtime costs a rejection, never the watcher.
 
 Children are forked from a multiprocessing *forkserver* that imported ONNX Runtime, numpy,
-librosa's filters and kaldi-native-fbank once: a validation costs the model's own load and
+the feature code and scipy once: a validation costs the model's own load and
 warm-up (~0.1 s for the tiny stand-ins), not ~1.5 s of Python imports on every candidate. The
 forkserver itself never builds a session, so each child starts clean.
 """
@@ -24,7 +24,7 @@ from pipeline.errors import VoxmillError
 from pipeline.registry import Registry
 from pipeline.settings import Settings
 
-PRELOAD = ["onnxruntime", "pipeline.extraction", "librosa.filters", "kaldi_native_fbank"]
+PRELOAD = ["onnxruntime", "pipeline.extraction", "scipy.sparse", "scipy.fft"]
 EXIT_GRACE_S = 10.0
 
 

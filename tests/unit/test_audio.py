@@ -566,3 +566,11 @@ def test_check_samples() -> None:
         with pytest.raises(VoxmillError) as info:
             check_samples(samples, LIMITS)
         assert info.value.code == code
+
+
+@pytest.mark.parametrize("channels", [2, 3])
+def test_to_mono_equals_numpys_channel_mean_exactly(channels: int) -> None:
+    frames = np.random.default_rng(11).normal(0.0, 0.3, (4410, channels)).astype(np.float32)
+    mono = to_mono(frames)
+    assert mono.dtype == np.float32
+    assert np.array_equal(mono, frames.mean(axis=1, dtype=np.float32))

@@ -50,8 +50,16 @@ def test_quick_benchmark_writes_results_and_report(tmp_path: Path) -> None:
     parity = json.loads((results / "core.json").read_text())["parity"]
     assert parity["fbank_worst"]["above_minus5"] <= 5e-4
     assert min(parity["embedding_cosine_vs_knf"].values()) >= 0.9999
+    assert parity["mel_filters_identical_to_librosa"]
+    assert parity["stereo_mixdown_ms_per_audio_s"]["identical"]
     report = (quick / "BENCHMARKS.md").read_text()
-    for heading in ("raw-inference limit", "Cold start", "Queue overhead", "Corpus throughput", "Core library"):
+    for heading in (
+        "raw-inference limit",
+        "Cold start",
+        "Queue overhead",
+        "Corpus throughput",
+        "Core library",
+    ):
         assert heading in report
     assert (results / "bench.png").stat().st_size > 0
     assert not (ROOT / "benchmarks" / "results" / "quick").exists()
@@ -61,7 +69,7 @@ def test_quick_benchmark_writes_results_and_report(tmp_path: Path) -> None:
 def test_quick_scaling_and_driver_variants(tmp_path: Path) -> None:
     results = run_quick(tmp_path, "--only", "scaling,variants") / "results"
     scaling = json.loads((results / "scaling.json").read_text())
-    assert set(scaling["end_to_end"]["wall_s"]) == {"1x1", "2x1", "1x2"}
+    assert set(scaling["end_to_end"]["wall_s"]) == {"1x1", "2x1", "1x2", "2x1/s8"}
     variants = json.loads((results / "driver-variants.json").read_text())
     assert set(variants["ops"]["embed"]) == {"extract", "all"}
 
@@ -76,7 +84,12 @@ def test_balance_splits_by_weight() -> None:
 def test_stage_breakdown_accounts_for_every_worker_second() -> None:
     utts = [
         {"utt": "a", "start": 12.0, "end": 13.0, "ms": {"decode": 100, "fbank": 100, "embed": 700}},
-        {"utt": "b", "start": 13.0, "end": 14.0, "ms": {"decode": 100, "resample": 50, "fbank": 50, "embed": 800}},
+        {
+            "utt": "b",
+            "start": 13.0,
+            "end": 14.0,
+            "ms": {"decode": 100, "resample": 50, "fbank": 50, "embed": 800},
+        },
     ]
     traces = {
         1: [

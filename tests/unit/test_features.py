@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.features import kaldi_fbank, mean_normalized, power_spectrum, whisper_log_mel
+from pipeline.features import kaldi_fbank, mean_normalized, mel_filters, power_spectrum, whisper_log_mel
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CLIPS_16K = ["chirp_3s", "noise_1p37s", "speechlike_7p5s"]
@@ -64,3 +64,20 @@ def test_mean_normalized_has_zero_mean_over_time() -> None:
     centered = mean_normalized(feats)
     assert np.abs(centered.mean(axis=0)).max() < 1e-4
     assert not np.allclose(centered, feats)
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_mel_filters_are_librosas_bit_for_bit(n_mels: int) -> None:
+    librosa = pytest.importorskip("librosa")
+    expected = librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels)
+    assert mel_filters(n_mels).dtype == np.float32
+    assert np.array_equal(mel_filters(n_mels), expected)
+
+
+def test_log_mel_is_the_dense_product_to_float32_rounding() -> None:
+    wave = read("speechlike_7p5s")
+    dense = mel_filters(128) @ power_spectrum(wave)
+    log_spec = np.log10(np.maximum(dense, np.float32(1e-10)))
+    log_spec = np.maximum(log_spec, log_spec.max() - np.float32(8.0))
+    expected = (log_spec + np.float32(4.0)) / np.float32(4.0)
+    assert np.abs(whisper_log_mel(wave) - expected).max() <= 1e-6
