@@ -482,12 +482,13 @@ def memory_section(data: dict[str, Any]) -> Lines:
 
 def variants_section(data: dict[str, Any]) -> Lines:
     lines = [
-        "## Driver and worker changes, measured (proposals for code outside the benchmark)",
+        "## Driver changes, measured",
         "",
         "`benchmarks/prototype.py` runs `extract_corpus`'s steps with one change at a time (`extract` is "
-        "`voxmill extract` itself): `longest-first` submits shards by decreasing audio seconds; `all` adds "
-        "`--fast-stop` (kill the idle workers once everything is merged instead of a warm shutdown) and "
-        "`--overlap` (start the workers before planning). "
+        "`voxmill extract` itself). Adopted in `voxmill extract`: longest-first submission (shards by "
+        "decreasing audio seconds) and a fast stop (the idle workers killed once everything is merged, "
+        "instead of a warm shutdown); `before` is the prototype without both, as `extract` was. Still a "
+        "proposal: `overlap` (start the workers before planning). "
         "`blas-1-thread` is `voxmill extract` with `OPENBLAS_NUM_THREADS=1`; `shard-size-N` is "
         "`--shard-size N`. Start-up = spawn → first task, tail = last task → exit, per worker process.",
         "",
@@ -579,7 +580,7 @@ def throughput_section(data: dict[str, Any]) -> Lines:
     ]
     labels = {
         "decode-once": "prototype: `extract` shards (decode once, both models)",
-        "proposals": "prototype: decode once + longest first + fast stop",
+        "proposals": "prototype: decode once + overlap",
     }
     for kind, res in data.get("prototypes", {}).items():
         rows.append(

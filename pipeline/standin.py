@@ -101,14 +101,16 @@ class _Builder:
         self.graph.node.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
         return name
 
-    def conv1d(self, x: str, cin: int, cout: int, k: int, stride: int = 1, dilation: int = 1,
-               gain: float = 1.0) -> str:
+    def conv1d(
+        self, x: str, cin: int, cout: int, k: int, stride: int = 1, dilation: int = 1, gain: float = 1.0
+    ) -> str:
         """Conv1d over [B, C, T] with 'same'-style padding."""
         w = self.weight((cout, cin, k), gain / np.sqrt(cin * k), "conv_w")
         b = self.weight((cout,), 0.02, "conv_b")
         pad = dilation * (k - 1) // 2
-        return self.op("Conv", x, w, b, kernel_shape=[k], strides=[stride], dilations=[dilation],
-                       pads=[pad, pad])
+        return self.op(
+            "Conv", x, w, b, kernel_shape=[k], strides=[stride], dilations=[dilation], pads=[pad, pad]
+        )
 
     def linear(self, x: str, din: int, dout: int, gain: float = 1.0, out: str | None = None) -> str:
         """x @ W + b over the last axis."""
@@ -140,8 +142,14 @@ class _Builder:
         ctx = self.op("Reshape", ctx, self.const([0, -1, d], np.int64, "shape"))
         return self.linear(ctx, d, d, gain=out_gain)
 
-    def model(self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
-              profile: str, seed: int) -> onnx.ModelProto:
+    def model(
+        self,
+        name: str,
+        inputs: list[onnx.ValueInfoProto],
+        outputs: list[onnx.ValueInfoProto],
+        profile: str,
+        seed: int,
+    ) -> onnx.ModelProto:
         """Wrap the graph into a deterministic opset-17 / IR-8 model."""
         model, graph = self.proto, self.graph
         graph.name = name
@@ -182,8 +190,10 @@ def make_tokenizer_model(profile: str = "tiny", seed: int = 0) -> onnx.ModelProt
     length = b.op("Cast", "feats_length", to=TensorProto.INT64)
     n_out = b.op("Div", b.op("Add", length, b.const([3], np.int64)), b.const([4], np.int64))
     b.op("Slice", codes, b.const([0], np.int64), n_out, b.const([1], np.int64), out="indices")
-    inputs = [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
-              helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])]
+    inputs = [
+        helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+        helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1]),
+    ]
     outputs = [helper.make_tensor_value_info("indices", TensorProto.INT64, [1, "T_out"])]
     return b.model("speech_tokenizer_v2_standin", inputs, outputs, profile, seed)
 
@@ -211,8 +221,11 @@ def make_embedder_model(profile: str = "tiny", seed: int = 0) -> onnx.ModelProto
 
 def param_count(model: onnx.ModelProto) -> int:
     """Number of float values in the model's initializers of rank >= 1."""
-    return sum(int(np.prod(t.dims)) for t in model.graph.initializer
-               if t.data_type == TensorProto.FLOAT and len(t.dims) > 0)
+    return sum(
+        int(np.prod(t.dims))
+        for t in model.graph.initializer
+        if t.data_type == TensorProto.FLOAT and len(t.dims) > 0
+    )
 
 
 def write_model(model: onnx.ModelProto, path: Path) -> Path:

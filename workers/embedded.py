@@ -211,12 +211,14 @@ class LocalWorkers:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Warm shutdown (SIGTERM to the main process: running tasks finish), then SIGKILL the group."""
+        """Warm shutdown (SIGTERM to the main process: running tasks finish) for up to `timeout_s`,
+        then SIGKILL the group; `timeout_s=0`: SIGKILL at once (nothing is running)."""
         if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=timeout_s)
+            if timeout_s > 0:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=timeout_s)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):

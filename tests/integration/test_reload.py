@@ -66,9 +66,11 @@ def serving(client: redis.Redis, role: str) -> dict[str, list[str]]:
 def all_serve(client: redis.Redis, role: str, sha: str, workers: int) -> bool:
     """`sha` is published and all `workers` processes report it (and no other) in their heartbeat."""
     current = serving(client, role)
-    return published(client, role).get("sha256") == sha and current == {sha: current.get(sha, [])} and len(
-        current[sha]
-    ) == workers
+    return (
+        published(client, role).get("sha256") == sha
+        and current == {sha: current.get(sha, [])}
+        and len(current[sha]) == workers
+    )
 
 
 def embed_ok(settings: Settings, audio_dir: Path, n: int = 4) -> list[TaskResult]:

@@ -71,7 +71,7 @@ def test_quick_scaling_and_driver_variants(tmp_path: Path) -> None:
     scaling = json.loads((results / "scaling.json").read_text())
     assert set(scaling["end_to_end"]["wall_s"]) == {"1x1", "2x1", "1x2", "2x1/s8"}
     variants = json.loads((results / "driver-variants.json").read_text())
-    assert set(variants["ops"]["embed"]) == {"extract", "all"}
+    assert set(variants["ops"]["embed"]) == {"extract", "before"}
 
 
 def test_balance_splits_by_weight() -> None:
