@@ -12,7 +12,10 @@ from celery.backends.redis import RedisBackend
 from kombu.entity import Exchange, Queue
 
 from pipeline.settings import Settings
+from workers import transport
 from workers.keys import QUEUES
+
+transport.register()  # kombu's Redis transport, minus a crash on broker outages (see workers/transport.py)
 
 TASK_ROUTES = {
     "voxmill.tokenize": {"queue": "tokenize"},
