@@ -12,7 +12,7 @@ def shard(number: int, *durations: float | None) -> ShardSpec:
 
 
 def test_longest_shards_come_first_and_ties_keep_plan_order() -> None:
-    plan = [shard(0, 1.0, 1.0), shard(1, 5.0, 5.0), shard(2, 2.0), shard(3, 1.0, 1.0), shard(4, 20.0)]
+    plan = [shard(0, 1.0, 1.0), shard(1, 5.0, 5.0), shard(2, 1.5), shard(3, 1.0, 1.0), shard(4, 20.0)]
     assert [s.shard for s in longest_first(plan)] == [4, 1, 0, 3, 2]
 
 
