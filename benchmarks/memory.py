@@ -60,11 +60,10 @@ def stream_sha256(path: Path, chunk_bytes: int = 8 * 1024 * 1024) -> str:
 
 def session_options(ort: Any, level: str = "all") -> Any:
     so = ort.SessionOptions()
-    so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if level == "all"
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
+    so.graph_optimization_level = {
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }.get(level, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -111,13 +110,15 @@ def load(mode: str, path: Path, role: str) -> tuple[Any, dict[str, Any]]:
     else:
         sha256 = stream_sha256(path)
         facts["hash_s"] = round(time.perf_counter() - started, 4)
-        target = CACHE_DIR / f"{sha256}-cpu-ort{ort.__version__}"
+        portable = mode == "cached-portable"
+        target = CACHE_DIR / f"{sha256}-cpu-ort{ort.__version__}{'-portable' if portable else ''}"
         if not (target / "model.onnx").exists():
-            facts["cache_build_s"] = round(build_cache(ort, path.read_bytes(), target), 4)
+            level = "extended" if portable else "all"
+            facts["cache_build_s"] = round(build_cache(ort, path.read_bytes(), target, level), 4)
             started = time.perf_counter() - facts["hash_s"]
         raw = ort.InferenceSession(
             str(target / "model.onnx"),
-            sess_options=session_options(ort, "none"),
+            sess_options=session_options(ort, "all" if portable else "none"),
             providers=["CPUExecutionProvider"],
         )
     facts["load_s"] = time.perf_counter() - started
