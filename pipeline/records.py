@@ -85,6 +85,11 @@ class ShardSpec:
     def name(self) -> str:
         return f"{self.op}-{self.shard:06d}"
 
+    @property
+    def audio_s(self) -> float:
+        """Seconds of audio in the shard, as far as the plan knows (unknown durations count 0)."""
+        return sum(u.duration_s or 0.0 for u in self.utts)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "shard": self.shard,

@@ -172,7 +172,7 @@ def longest_first(specs: Sequence[ShardSpec]) -> list[ShardSpec]:
     """Shards by decreasing audio seconds (ties keep plan order): the plan groups clips by length,
     so in plan order the run would end on its longest shard with the other workers idle. The
     merge still follows the plan, so outputs do not depend on this order."""
-    return sorted(specs, key=lambda s: -sum(u.duration_s or 0.0 for u in s.utts))
+    return sorted(specs, key=lambda s: -s.audio_s)
 
 
 class CorpusDriver:
@@ -283,7 +283,7 @@ class CorpusDriver:
         """Add one finished shard to the progress counts."""
         counts = self.view.counts
         counts.units_done += len(spec.utts)
-        counts.audio_done_s += sum(u.duration_s or 0.0 for u in spec.utts)
+        counts.audio_done_s += spec.audio_s
         counts.failed += int(value.get("failed", 0))
 
 
