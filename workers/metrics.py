@@ -155,6 +155,12 @@ def prepare_multiprocess() -> Path:
     """In the worker's main process, before forking: a fresh folder for every process's samples."""
     folder = Path(tempfile.mkdtemp(prefix="voxmill-metrics-"))
     os.environ[MULTIPROC_ENV] = str(folder)
+    # prometheus-client picks its value store when first imported. Something may have imported it
+    # before this point (Celery loads its CLI plugins, e.g. Flower's, at start-up): pick again, or
+    # every pool process would keep its samples in memory where the endpoint cannot see them.
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()
     return folder
 
 
