@@ -25,7 +25,9 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 
-def timeline_main(models: Path, role: str, spawned: float, clip_s: float) -> dict[str, Any]:
+def timeline_main(
+    models: Path, role: str, spawned: float, clip_s: float, cache_dir: Path | None
+) -> dict[str, Any]:
     marks = {"interpreter": STARTED - spawned}
     import numpy as np  # noqa: F401
     import onnxruntime  # noqa: F401
@@ -38,7 +40,7 @@ def timeline_main(models: Path, role: str, spawned: float, clip_s: float) -> dic
 
     marks["imported"] = time.time() - spawned
     registry = Registry.load()
-    options = SessionOptions(provider="cpu")
+    options = SessionOptions(provider="cpu", model_cache_dir=cache_dir)
     session = ModelSession.load(registry.find_model(role, models), role, options, registry)
     marks["loaded"] = time.time() - spawned
     warm_up(session, options.warmup_runs)
@@ -61,6 +63,7 @@ def timeline_main(models: Path, role: str, spawned: float, clip_s: float) -> dic
         later.append((time.perf_counter() - started) * 1000)
     return {
         "role": role,
+        "model_cache": session.cache_state,
         "marks_s": {k: round(v, 4) for k, v in marks.items()},
         "load_s": round(session.load_s, 4),
         "warmup_s": round(session.warmup_s, 4),
@@ -73,19 +76,31 @@ def timeline_main(models: Path, role: str, spawned: float, clip_s: float) -> dic
     }
 
 
-def measure_timeline(models: Path, role: str, clip_s: float = 10.0) -> dict[str, Any]:
-    """One fresh process loading one model (the parent records the spawn time)."""
+def measure_timeline(
+    models: Path, role: str, clip_s: float = 10.0, cache_dir: Path | None = None
+) -> dict[str, Any]:
+    """One fresh process loading one model (the parent records the spawn time).
+
+    `cache_dir`: the optimized-model cache folder, as a worker has it (None: no cache).
+    """
     from benchmarks.common import child_env, python_command, run_json_child
 
     command = python_command(
         "benchmarks.coldstart", "timeline", "--models", str(models), "--role", role, "--clip-s", str(clip_s)
     )
+    if cache_dir is not None:
+        command += ["--cache-dir", str(cache_dir)]
     command += ["--spawned", repr(time.time())]
     return run_json_child(command, child_env(), timeout_s=300)
 
 
-def measure_worker_ready(models: Path, clip: Path, timeout_s: float = 300) -> dict[str, Any]:
-    """Spawn one worker process (both queues, both models) and time it to its first task."""
+def measure_worker_ready(
+    models: Path, clip: Path, cache_dir: Path | None, timeout_s: float = 300
+) -> dict[str, Any]:
+    """Spawn one worker process (both queues, both models) and time it to its first task.
+
+    `cache_dir`: the worker's optimized-model cache folder (None: `model_cache` off).
+    """
     import redis
 
     from benchmarks.common import ROOT, TRACE_DIR
@@ -105,6 +120,8 @@ def measure_worker_ready(models: Path, clip: Path, timeout_s: float = 300) -> di
             "model_dir": models,
             "provider": "cpu",
             "allowed_roots": (clip.parent.resolve(),),
+            "model_cache": cache_dir is not None,
+            **({"model_cache_dir": cache_dir} if cache_dir is not None else {}),
         }
     )
     env = {"BENCH_TRACE_DIR": str(trace_dir), "PYTHONPATH": f"{TRACE_DIR}:{ROOT}"}
@@ -154,8 +171,9 @@ def main() -> None:
     parser.add_argument("--role", default="tokenizer")
     parser.add_argument("--clip-s", type=float, default=10.0)
     parser.add_argument("--spawned", type=float, default=STARTED)
+    parser.add_argument("--cache-dir", type=Path, default=None, help="optimized-model cache folder")
     args = parser.parse_args()
-    print(json.dumps(timeline_main(args.models, args.role, args.spawned, args.clip_s)))
+    print(json.dumps(timeline_main(args.models, args.role, args.spawned, args.clip_s, args.cache_dir)))
     sys.stdout.flush()
 
 

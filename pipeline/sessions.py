@@ -1,15 +1,19 @@
 """ONNX Runtime sessions, the one place they are built: load -> warm up -> serve -> close.
 
 A model is read once into memory; the sha256 of exactly those bytes is what every result
-names, and the session is built from those same bytes. Input and output names are read from
-the session, never hard-coded; the signature (rank, dtype by position) is checked against the
-registry at load, so a wrong model is refused with `model_error` before any request.
+names, and the session is built from those same bytes — or, on the CPU with the optimized-model
+cache on (`pipeline/model_cache.py`), the file is hashed as a stream and the session is built
+from the cache entry of that sha256 (built from the bytes on the first load). Input and output
+names are read from the session, never hard-coded; the signature (rank, dtype by position) is
+checked against the registry at load, so a wrong model is refused with `model_error` before
+any request.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +26,9 @@ import numpy.typing as npt
 from pipeline import errors
 from pipeline.errors import VoxmillError
 from pipeline.host import HostInfo, detect_host
+from pipeline.model_cache import CacheEntry, ModelCache, cache_key, save_options
 from pipeline.providers import (
+    CPU,
     ProviderChoice,
     ProviderOptions,
     ShapeProfile,
@@ -48,12 +54,17 @@ Array = npt.NDArray[Any]
 
 @dataclass(frozen=True)
 class SessionOptions:
-    """How to build sessions: provider, threads, warm-up runs and provider options."""
+    """How to build sessions: provider, threads, warm-up runs, provider options, optimized-model cache.
+
+    `model_cache_dir` None: no cache (every load optimises the graph from the source file).
+    """
 
     provider: str = "cpu"
     intra_op_threads: int = 1
     warmup_runs: int = 2
     provider_options: ProviderOptions = field(default_factory=ProviderOptions)
+    model_cache_dir: Path | None = None
+    model_cache_keep: int = 6
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SessionOptions:
@@ -68,7 +79,16 @@ class SessionOptions:
                 trt_fp16=settings.trt_fp16,
                 engine_cache_dir=settings.engine_cache_dir,
             ),
+            model_cache_dir=settings.model_cache_dir if settings.model_cache else None,
+            model_cache_keep=settings.model_cache_keep,
         )
+
+    def model_cache(self) -> ModelCache | None:
+        """The optimized-model cache when configured and trustworthy."""
+        if self.model_cache_dir is None:
+            return None
+        cache = ModelCache(self.model_cache_dir, self.model_cache_keep)
+        return cache if cache.usable() else None
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -80,19 +100,44 @@ def read_model_bytes(path: Path) -> bytes:
     """The model file's bytes; a missing file, folder or git-lfs pointer is a `model_error`."""
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
-        raise VoxmillError(errors.MODEL_ERROR, f"model file {path} does not exist") from None
     except OSError as exc:
-        raise VoxmillError(errors.MODEL_ERROR, f"cannot read model file {path}: {exc.strerror}") from None
+        raise _unreadable(path, exc) from None
+    _check_model_head(path, data, len(data))
+    return data
+
+
+def hash_model_file(path: Path, chunk_bytes: int = 8 * 1024 * 1024) -> str:
+    """The sha256 of the model file, read in chunks (never whole in memory); errors as `read_model_bytes`."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as stream:
+            while chunk := stream.read(chunk_bytes):
+                if size == 0:
+                    _check_model_head(path, chunk, len(chunk))
+                digest.update(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    _check_model_head(path, b"", size)
+    return digest.hexdigest()
+
+
+def _unreadable(path: Path, exc: OSError) -> VoxmillError:
+    if isinstance(exc, FileNotFoundError):
+        return VoxmillError(errors.MODEL_ERROR, f"model file {path} does not exist")
+    return VoxmillError(errors.MODEL_ERROR, f"cannot read model file {path}: {exc.strerror}")
+
+
+def _check_model_head(path: Path, data: bytes, size: int) -> None:
     if data.startswith(LFS_POINTER_PREFIX):
         raise VoxmillError(
             errors.MODEL_ERROR,
-            f"{path} is a git-lfs pointer file ({len(data)} bytes), not the model: "
+            f"{path} is a git-lfs pointer file ({size} bytes), not the model: "
             "run `git lfs pull` in the model folder (or download the real file)",
         )
-    if not data:
+    if size == 0:
         raise VoxmillError(errors.MODEL_ERROR, f"model file {path} is empty")
-    return data
 
 
 def check_signature(spec: RoleSpec, file_name: str, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
@@ -159,6 +204,7 @@ class ModelSession:
         self.warm_latency_ms: float | None = None
         self.warmup_s = 0.0
         self.warm = False
+        self.cache_state = "off"  # optimized-model cache: off | hit | built | rebuilt
 
     @property
     def role(self) -> str:
@@ -184,6 +230,9 @@ class ModelSession:
     ) -> ModelSession:
         """Read `path` once, check its sha256 (when given) and signature, and build the session.
 
+        With the optimized-model cache (CPU only), a hit hashes `path` as a stream and builds
+        the session from the cache entry; a miss builds from the bytes and saves the entry.
+
         When TensorRT may serve, its engine cache is `engine_cache_dir/<key of model, GPU,
         versions, precision>`; `host` (GPU name and versions) is detected when not given.
         Raises `VoxmillError(model_error)` for anything that makes the file unusable.
@@ -192,23 +241,47 @@ class ModelSession:
 
         started = time.perf_counter()
         spec = registry.role(role)
-        data = read_model_bytes(path)
-        sha256 = sha256_bytes(data)
-        if expected_sha256 is not None and sha256 != expected_sha256:
-            raise VoxmillError(
-                errors.MODEL_ERROR,
-                f"{path} has sha256 {sha256[:12]}…, expected {expected_sha256[:12]}… "
-                "(the file changed while it was read)",
-            )
-        identified = registry.identify(role, path.name, sha256)
-        choice, engine_dir = plan_providers(options, spec, data, sha256, ort.get_available_providers(), host)
-        if engine_dir is not None:
-            make_engine_dir(engine_dir)
+        available = ort.get_available_providers()
+        cache = _cpu_model_cache(options, available)
+        key = hashed = None
+        built: tuple[Any, ProviderChoice, Path | None] | None = None
+        cache_state = "off"
+        if cache is not None:  # a hit never reads the model into memory
+            hashed = hash_model_file(path)
+            _check_expected(path, hashed, expected_sha256)
+            key = cache_key(hashed, ort.__version__)
+            entry = cache.lookup(key)
+            if entry is not None:
+                built = _session_from_cache(ort, cache, entry, options, available)
+                cache_state = "hit" if built is not None else "rebuilt"
+        if built is not None:
+            sha256 = hashed or ""
+        else:
+            data = read_model_bytes(path)
+            sha256 = sha256_bytes(data)
+            _check_expected(path, sha256, hashed or expected_sha256)
+            choice, engine_dir = plan_providers(options, spec, data, sha256, available, host)
+            if engine_dir is not None:
+                make_engine_dir(engine_dir)
+            staging = cache.prepare(key) if cache is not None and key is not None else None
+            try:
+                session = _build_session(ort, data, path, options, choice, staging)
+            except VoxmillError:
+                if staging is not None:
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise
+            del data
+            built = (session, choice, engine_dir)
+            if staging is not None and cache is not None and key is not None:
+                _commit_checked(cache, key, staging, spec, path, session, sha256, ort.__version__)
+                cache_state = "built" if cache_state == "off" else cache_state
+        session, choice, engine_dir = built
         if choice.warning:
             log.warning("%s: %s", path.name, choice.warning)
-        session = _build_session(ort, data, path, options, choice)
-        del data
         check_signature(spec, path.name, session.get_inputs(), session.get_outputs())
+        if choice.providers == [(CPU, {})]:
+            _release_model_bytes(session)
+        identified = registry.identify(role, path.name, sha256)
         ref = ModelRef(role=role, file=path.name, sha256=sha256)
         loaded = cls(
             spec=spec,
@@ -220,6 +293,7 @@ class ModelSession:
             load_s=time.perf_counter() - started,
             engine_dir=engine_dir,
         )
+        loaded.cache_state = cache_state
         warning = session_fallback_warning(choice, loaded.active_providers)
         if warning:
             log.warning("%s: %s", path.name, warning)
@@ -273,6 +347,7 @@ class ModelSession:
             "warm_latency_ms": None if self.warm_latency_ms is None else round(self.warm_latency_ms, 3),
             "warmup_s": round(self.warmup_s, 4),
             "engine_dir": None if self.engine_dir is None else str(self.engine_dir),
+            "model_cache": self.cache_state,
         }
 
 
@@ -310,18 +385,99 @@ def make_engine_dir(path: Path) -> None:
         ) from None
 
 
-def _build_session(ort: Any, data: bytes, path: Path, options: SessionOptions, choice: ProviderChoice) -> Any:
+def _session_options(ort: Any, options: SessionOptions, optimise: bool = True) -> Any:
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimise else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
     so.intra_op_num_threads = options.intra_op_threads
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.log_severity_level = 3
+    return so
+
+
+def _build_session(
+    ort: Any,
+    data: bytes,
+    path: Path,
+    options: SessionOptions,
+    choice: ProviderChoice,
+    save_to: Path | None = None,
+) -> Any:
+    """The session of the model bytes; with `save_to`, ONNX Runtime also writes its optimised graph there."""
+    so = _session_options(ort, options)
+    if save_to is not None:
+        save_options(so, save_to)
     try:
         return ort.InferenceSession(data, sess_options=so, providers=choice.providers)
     except Exception as exc:
         raise VoxmillError(errors.MODEL_ERROR, _load_failure_message(path, str(exc))) from exc
+
+
+def _cpu_model_cache(options: SessionOptions, available: Sequence[str]) -> ModelCache | None:
+    """The optimized-model cache, when configured, trusted, and the CPU provider alone will serve."""
+    if options.model_cache_dir is None:
+        return None
+    if choose_providers(options.provider, available, options.provider_options).providers != [(CPU, {})]:
+        return None  # GPU providers: TensorRT has its engine cache; CUDA graphs are not saved
+    return options.model_cache()
+
+
+def _session_from_cache(
+    ort: Any, cache: ModelCache, entry: CacheEntry, options: SessionOptions, available: Sequence[str]
+) -> tuple[Any, ProviderChoice, None] | None:
+    """The session of a cache entry (graph already optimised); None (entry discarded) when it fails."""
+    choice = choose_providers(options.provider, available, options.provider_options)
+    try:
+        so = _session_options(ort, options, optimise=False)
+        session = ort.InferenceSession(str(entry.model_path), sess_options=so, providers=choice.providers)
+    except Exception as exc:
+        name = entry.folder.name
+        log.warning("optimized-model cache entry %s does not load (%s); rebuilding it", name, exc)
+        cache.discard(entry)
+        return None
+    return session, choice, None
+
+
+def _commit_checked(
+    cache: ModelCache,
+    key: str,
+    staging: Path,
+    spec: RoleSpec,
+    path: Path,
+    session: Any,
+    sha256: str,
+    ort_version: str,
+) -> None:
+    """Keep the entry ONNX Runtime wrote only for a model that passes the signature check."""
+    try:
+        check_signature(spec, path.name, session.get_inputs(), session.get_outputs())
+    except VoxmillError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    facts = {"source": path.name, "sha256": sha256, "onnxruntime": ort_version, "role": spec.role}
+    cache.commit(key, staging, facts)
+
+
+def _check_expected(path: Path, sha256: str, expected_sha256: str | None) -> None:
+    if expected_sha256 is not None and sha256 != expected_sha256:
+        raise VoxmillError(
+            errors.MODEL_ERROR,
+            f"{path} has sha256 {sha256[:12]}…, expected {expected_sha256[:12]}… "
+            "(the file changed while it was read)",
+        )
+
+
+def _release_model_bytes(session: Any) -> None:
+    """Drop the copy of the model ONNX Runtime's Python wrapper keeps (about the file's size).
+
+    The wrapper keeps it only to rebuild the session on a GPU provider's failure; a CPU-only
+    session never does that.
+    """
+    if getattr(session, "_model_bytes", None) is not None:
+        session._model_bytes = None
 
 
 def _load_failure_message(path: Path, reason: str) -> str:

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     cudnn_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = "HEURISTIC"
     trt_fp16: bool = False
     engine_cache_dir: Path = Path(".voxmill/engines")
+    model_cache: bool = True
+    model_cache_dir: Path = Path(".voxmill/ort-cache")
+    model_cache_keep: int = 6
     # Input safety
     allowed_roots: tuple[Path, ...] = ()
     max_file_bytes: int = AudioLimits.max_file_bytes
