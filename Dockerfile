@@ -35,8 +35,9 @@ COPY workers ./workers
 # Never run as root. /data (corpora, outputs) and /cache belong to this user; /models is
 # mounted read-only.
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/voxmill voxmill \
- && mkdir -p /models /data /cache/engines \
- && chown -R voxmill:voxmill /data /cache
+ && mkdir -p /models /data /cache/engines /cache/ort \
+ && chown -R voxmill:voxmill /data /cache \
+ && chmod 700 /cache/ort
 USER voxmill
 WORKDIR /data
 

@@ -28,8 +28,7 @@ from benchmarks.common import log, percentile, results_dir, summary, write_resul
 from benchmarks.corpus import WORK_DIR, make_models
 
 OPS = ("tokenize", "embed")
-CLIENT_POLL_S = 0.02  # `Client.as_completed`'s default
-FAST_POLL_S = 0.002
+POLLING_ONLY_S = 0.02  # a polling-only client (`Client(wakeups=False)`), the interval used before wake-ups
 
 
 def make_clip(folder: Path, seconds: float = 1.0) -> Path:
@@ -74,11 +73,16 @@ def latency(app: Any, clip: Path, count: int) -> dict[str, Any]:
     }
 
 
-def client_latency(settings: Any, clip: Path, count: int, poll_s: float) -> dict[str, Any]:
-    """The producer's view: `Client.submit` then `Client.as_completed` (MGET every `poll_s`)."""
-    from workers.client import Client
+def client_latency(settings: Any, clip: Path, count: int, poll_s: float | None) -> dict[str, Any]:
+    """The producer's view: `Client.submit` then `Client.as_completed`.
 
-    client = Client(settings)
+    `poll_s` None: the default client (woken by each result's announcement); else a polling-only
+    client reading every `poll_s`.
+    """
+    from workers.client import POLL_S, Client
+
+    client = Client(settings, wakeups=poll_s is None)
+    poll_s = poll_s or POLL_S
     overheads = []
     for index in range(count):
         op = OPS[index % 2]
@@ -189,7 +193,7 @@ def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, An
     runs: dict[str, list[dict[str, Any]]] = {
         "latency": [],
         "client": [],
-        "client_fast_poll": [],
+        "client_polling": [],
         "throughput": [],
     }
     try:
@@ -199,8 +203,8 @@ def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, An
         for repeat in range(repeats):
             log(f"queue overhead: repeat {repeat + 1}/{repeats}")
             runs["latency"].append(latency(app, clip, tasks))
-            runs["client"].append(client_latency(settings, clip, max(20, tasks // 5), CLIENT_POLL_S))
-            runs["client_fast_poll"].append(client_latency(settings, clip, max(20, tasks // 5), FAST_POLL_S))
+            runs["client"].append(client_latency(settings, clip, max(20, tasks // 5), None))
+            runs["client_polling"].append(client_latency(settings, clip, max(20, tasks // 5), POLLING_ONLY_S))
             runs["throughput"].append(throughput(app, clip, tasks))
         cluster.stop(timeout_s=5.0)
         log("queue overhead: traced split")
@@ -217,11 +221,10 @@ def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, An
         "overhead_p50_ms": summary([r["overhead_ms"]["p50"] for r in runs["latency"]], 3),
         "overhead_p99_ms": summary([r["overhead_ms"]["p99"] for r in runs["latency"]], 3),
         "client_overhead_p50_ms": summary([r["overhead_ms"]["p50"] for r in runs["client"]], 3),
-        "client_fast_poll_overhead_p50_ms": summary(
-            [r["overhead_ms"]["p50"] for r in runs["client_fast_poll"]], 3
+        "client_polling_overhead_p50_ms": summary(
+            [r["overhead_ms"]["p50"] for r in runs["client_polling"]], 3
         ),
-        "client_poll_s": CLIENT_POLL_S,
-        "fast_poll_s": FAST_POLL_S,
+        "client_polling_s": POLLING_ONLY_S,
         "tasks_per_s": summary([r["tasks_per_s"] for r in runs["throughput"]], 1),
         "split": split,
         "target_p50_ms": 5.0,

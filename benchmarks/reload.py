@@ -95,8 +95,8 @@ class Load:
                 self.done.append(completion)
 
     def _completion(self, client: Client, submitted: float, job: Job) -> Completion:
-        """Wait for `job` (polling every 5 ms); a task that raised or timed out is a failed job."""
-        _, result = next(client.completed([job], timeout_s=60, poll_s=0.005))
+        """Wait for `job` (woken by its result); a task that raised or timed out is a failed job."""
+        _, result = next(client.completed([job], timeout_s=60))
         finished = time.monotonic()
         error = None if result.error is None else f"{result.error['code']}: {result.error['message']}"
         return Completion(submitted, finished, result.models.get(self.role, {}).get("sha256", ""), error)
@@ -215,6 +215,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         provider="cpu",
         watch_quiet_s=args.quiet_s,
         reload_slots=args.reload_slots,
+        model_cache_dir=work / "ort-cache",  # empty at start; shared by the watcher and the workers
     )
     rclient = redis.Redis.from_url(server.url)
     workers = LocalWorkers(settings, args.workers, ["tokenize", "embed"], log_path=work / "workers.log")

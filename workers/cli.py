@@ -57,7 +57,12 @@ def worker(
     hostname: str = typer.Option("", "-n", "--hostname", help="Celery node name."),
     log_format: str = typer.Option("", "--log-format", help="text | json (default: settings' log_format)."),
 ) -> None:
-    """Run a Celery worker that holds warm model sessions (same as `celery -A workers.app worker`)."""
+    """Run a Celery worker that holds warm model sessions.
+
+    The same as `celery -A workers.app worker --without-mingle --without-gossip`: voxmill never
+    revokes tasks, so a worker does not spend a second at start asking its neighbours for their
+    revoked ids (mingle), nor follow every other worker's heartbeats (gossip).
+    """
     from workers.gpu import check_pool_for_provider
 
     if log_format:
@@ -71,7 +76,7 @@ def worker(
     from workers.app import app as celery_app
 
     argv = ["worker", "-Q", queues, "--pool", pool, "-l", loglevel or settings.log_level]
-    argv += ["-c", str(concurrency or os.cpu_count() or 1)]
+    argv += ["-c", str(concurrency or os.cpu_count() or 1), "--without-mingle", "--without-gossip"]
     if hostname:
         argv += ["-n", hostname]
     celery_app.worker_main(argv)

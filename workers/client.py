@@ -4,13 +4,18 @@
     for result in client.as_completed(client.submit_many("tokenize", ["a.wav", "b.wav"]), timeout_s=60):
         print(result.input, result.speech_token or result.error)
 
-Results are polled in batches (one MGET per poll for all pending jobs) and deleted once read,
-so Redis does not keep them until they expire. A broker outage while waiting is ridden out with
-backoff until the deadline; what has not come back by then is a `timeout` error.
+Results are read in batches (one MGET for all pending jobs) and deleted once read, so Redis
+does not keep them until they expire. The client does not sleep between reads: Celery's Redis
+backend publishes each stored result on a channel named as its key, and the client listens on
+the pending jobs' channels (`ResultWakeups`), reading again as soon as one is announced; every
+`poll_s` it reads anyway, so a lost announcement costs at most `poll_s`, never a result. A broker
+outage while waiting is ridden out with backoff until the deadline (listening resumes after it);
+what has not come back by then is a `timeout` error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -29,6 +34,56 @@ log = logging.getLogger("voxmill.client")
 TIMEOUT_CODE = "timeout"
 TASK_NAMES = {op: f"voxmill.{op}" for op in OPS}
 POLL_BATCH = 500
+SUBSCRIBE_BATCH = 1000
+POLL_S = 0.25
+
+
+class ResultWakeups:
+    """Wakes a waiting producer when one of its results is stored (Redis pub/sub on the result keys).
+
+    Only a hint that reading now is worth it: the result itself is always read from its key.
+    Any Redis trouble drops the subscription; the next `follow` subscribes again.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.pubsub: Any = None
+        self.channels: set[str] = set()
+
+    def follow(self, keys: Iterable[str]) -> None:
+        """Listen on `keys` too (before reading them, so no announcement falls in between)."""
+        try:
+            if self.pubsub is None:
+                self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                self.channels = set()
+            new = [key for key in keys if key not in self.channels]
+            for start in range(0, len(new), SUBSCRIBE_BATCH):
+                self.pubsub.subscribe(*new[start : start + SUBSCRIBE_BATCH])
+            self.channels.update(new)
+        except (redis.RedisError, OSError):
+            self.close()
+
+    def wait(self, timeout_s: float) -> None:
+        """Return at the first announcement, or after `timeout_s`."""
+        if self.pubsub is None:
+            time.sleep(timeout_s)
+            return
+        deadline = time.monotonic() + timeout_s
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                if self.pubsub.get_message(timeout=left) is not None:
+                    while self.pubsub.get_message(timeout=0) is not None:
+                        pass  # several results at once: one read serves them all
+                    return
+        except (redis.RedisError, OSError, ValueError):
+            self.close()
+
+    def close(self) -> None:
+        if self.pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self.pubsub.close()
+        self.pubsub = None
+        self.channels = set()
 
 
 def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, TaskResult | None]:
@@ -82,10 +137,17 @@ class Job:
     id: str
 
 
+def timed_out(job: Job, timeout_s: float) -> TaskResult:
+    """The `timeout` error result of a job with no result by the deadline."""
+    message = f"no result within {timeout_s:g} s"
+    return TaskResult(input=job.label, op=job.op, error={"code": TIMEOUT_CODE, "message": message})
+
+
 class Client:
     """Submits jobs to voxmill workers and collects their results."""
 
-    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+    def __init__(self, settings: Settings, app: Celery | None = None, wakeups: bool = True) -> None:
+        """`wakeups` False: read results every `poll_s` only (no pub/sub connection)."""
         if not settings.broker_url:
             raise BrokerNotConfigured()
         if app is None:
@@ -94,6 +156,7 @@ class Client:
             app = create_app(settings, polled_results=True)
         self.app = app
         self.settings = settings
+        self.wakeups = wakeups
 
     def submit(self, op: str, audio: str | Path | bytes, name: str | None = None) -> Job:
         """Queue one input: a path (sent as its absolute path; workers read it) or raw bytes."""
@@ -115,42 +178,50 @@ class Client:
         return [self.submit(op, audio) for audio in inputs]
 
     def as_completed(
-        self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = 0.02
+        self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = POLL_S
     ) -> Iterator[TaskResult]:
         """Yield each result as it completes; jobs still pending at the deadline give a `timeout` error."""
         for _, result in self.completed(jobs, timeout_s, poll_s):
             yield result
 
     def completed(
-        self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = 0.02
+        self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = POLL_S
     ) -> Iterator[tuple[Job, TaskResult]]:
         """Like `as_completed`, with each result's job."""
         pending = {job.id: job for job in jobs}
         deadline = time.monotonic() + timeout_s
         backoff = poll_s
-        while pending:
-            try:
-                ready = self._poll(list(pending.values()))
-                backoff = poll_s
-            except (redis.RedisError, OperationalError, OSError) as exc:
-                log.warning("broker unreachable while waiting for results (%s); retrying", exc)
-                ready = []
-                backoff = min(max(backoff * 2, 0.5), 5.0)
-            for job, result in ready:
-                del pending[job.id]
-                yield job, result
-            if pending and time.monotonic() > deadline:
-                for job in pending.values():
-                    message = f"no result within {timeout_s:g} s"
-                    yield (
-                        job,
-                        TaskResult(
-                            input=job.label, op=job.op, error={"code": TIMEOUT_CODE, "message": message}
-                        ),
-                    )
-                return
-            if pending and not ready:
-                time.sleep(backoff)
+        backend = self.app.backend
+        wakeups = ResultWakeups(backend.client) if self.wakeups else None
+        try:
+            while pending:
+                if wakeups is not None:
+                    wakeups.follow(backend.get_key_for_task(job_id) for job_id in pending)
+                try:
+                    ready = self._poll(list(pending.values()))
+                    backoff = poll_s
+                except (redis.RedisError, OperationalError, OSError) as exc:
+                    log.warning("broker unreachable while waiting for results (%s); retrying", exc)
+                    ready = []
+                    backoff = min(max(backoff * 2, 0.5), 5.0)
+                    if wakeups is not None:
+                        wakeups.close()
+                for job, result in ready:
+                    del pending[job.id]
+                    yield job, result
+                if pending and time.monotonic() > deadline:
+                    for job in pending.values():
+                        yield job, timed_out(job, timeout_s)
+                    return
+                if pending and not ready:
+                    wait_s = min(backoff, max(0.0, deadline - time.monotonic()) + 0.001)
+                    if wakeups is not None:
+                        wakeups.wait(wait_s)
+                    else:
+                        time.sleep(wait_s)
+        finally:
+            if wakeups is not None:
+                wakeups.close()
 
     def run(
         self, op: str, inputs: Iterable[str | Path | bytes], timeout_s: float = 300.0

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,20 @@ def test_round_trip_by_path_and_by_bytes(
     if op in ("embed", "extract"):
         assert by_path.models["embedder"]["sha256"] == sha256(tiny_models / "campplus.onnx")
     assert set(by_path.timings_ms) >= {"decode"}
+
+
+def test_the_client_wakes_on_the_result_announcement_not_on_its_poll(worker, settings, audio_dir) -> None:
+    """With a 60 s poll interval, results still come back at once: the client listens for them."""
+    client = Client(settings)
+    clip = audio_dir / "chirp_3s.wav"
+    client.run("embed", [clip], timeout_s=60)  # both worker processes warm
+    jobs = client.submit_many("embed", [clip, clip, clip])
+    started = time.monotonic()
+    results = list(client.as_completed(jobs, timeout_s=120, poll_s=60))
+    assert [r.error for r in results] == [None, None, None]
+    assert time.monotonic() - started < 30  # a polling-only client would sleep 60 s
+    polling = Client(settings, wakeups=False)
+    assert polling.run("embed", [clip], timeout_s=60)[0].error is None
 
 
 def test_bad_inputs_come_back_as_codes_and_the_worker_keeps_serving(

@@ -97,6 +97,15 @@ def test_models_are_mounted_read_only_and_outputs_writable(tmp_path: Path) -> No
         assert any(v.endswith(":/data:rw") or v.endswith(":/data") for v in _volumes(config[name]))
 
 
+def test_cpu_workers_and_the_watcher_share_the_optimized_model_cache(tmp_path: Path) -> None:
+    config = services(tmp_path)
+    for name in ("worker-cpu", "watcher"):
+        assert config[name]["environment"]["VOXMILL_MODEL_CACHE_DIR"] == "/cache/ort"
+        assert any(v.startswith("ort-cache:/cache/ort") for v in _volumes(config[name])), name
+    for dockerfile in ("Dockerfile", "Dockerfile.gpu"):
+        assert "chmod 700 /cache/ort" in (ROOT / dockerfile).read_text()  # the cache refuses shared folders
+
+
 def test_cpu_workers_serve_embed_with_replicas_and_a_healthcheck(tmp_path: Path) -> None:
     cpu = services(tmp_path)["worker-cpu"]
     assert cpu["command"] == ["worker", "-Q", "embed"]
