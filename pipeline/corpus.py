@@ -119,6 +119,17 @@ def plan_shards(utts: list[Utterance], ops: Sequence[str], out_dir: str, shard_s
     ]
 
 
+def auto_shard_size(n_utts: int, workers: int, largest: int, shards_per_worker: int = 6) -> int:
+    """Utterances per shard: `largest`, or fewer so each worker process gets `shards_per_worker` shards.
+
+    A run ends when its last shard does: with few large shards one process finishes while the
+    others still work on theirs. A small corpus is therefore cut finer (60 clips over 2 processes:
+    shards of 5 instead of 2 shards of 32); a large one keeps shards of `largest`.
+    """
+    wanted = -(-n_utts // max(1, workers * shards_per_worker))  # ceiling division
+    return max(1, min(largest, wanted))
+
+
 def plan_fingerprint(utts: list[Utterance], ops: Sequence[str], shard_size: int) -> str:
     """sha256 (hex) over the utterances (utt, path, spk, text), the ops and the shard size."""
     digest = hashlib.sha256()

@@ -202,7 +202,12 @@ def extract(
     ops: str = typer.Option("tokenize,embed", "--ops", help="Comma-separated: tokenize, embed."),
     models: Path | None = typer.Option(None, "--models", help="Model folder for local workers."),
     workers: int = typer.Option(0, "--workers", help="Local worker processes (default: one per core)."),
-    shard_size: int = typer.Option(0, "--shard-size", help="Utterances per shard task (default: settings)."),
+    shard_size: int = typer.Option(
+        0,
+        "--shard-size",
+        help="Utterances per shard task (default: the settings' shard_size, fewer for a small corpus "
+        "so every worker gets several shards).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
     """Extract speech tokens and speaker embeddings for a whole corpus (sharded, resumable).
@@ -231,7 +236,7 @@ def extract(
             out,
             op_list,
             workers or os.cpu_count() or 1,
-            shard_size or settings.shard_size,
+            shard_size,
             quiet,
         )
     except RunError as exc:

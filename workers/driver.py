@@ -26,7 +26,7 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from pipeline.corpus import plan_fingerprint, plan_shards, probe_durations, read_corpus
+from pipeline.corpus import auto_shard_size, plan_fingerprint, plan_shards, probe_durations, read_corpus
 from pipeline.errors import VoxmillError
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
@@ -112,16 +112,27 @@ def lock_output(out_dir: Path) -> IO[str]:
 
 
 def load_or_make_plan(
-    source: Path, out_dir: Path, ops: Sequence[str], shard_size: int, settings: Settings
+    source: Path,
+    out_dir: Path,
+    ops: Sequence[str],
+    shard_size: int,
+    settings: Settings,
+    workers: int | None = None,
 ) -> Plan:
-    """Read the corpus and reuse `plan.json` when it describes the same run (resume), else plan anew."""
+    """Read the corpus and reuse `plan.json` when it describes the same run (resume), else plan anew.
+
+    `shard_size` 0 is automatic: `settings.shard_size`, or smaller so that `workers` processes
+    (when known) get several shards each (`auto_shard_size`). The plan's fingerprint uses the
+    requested size (the settings' for automatic), so a resume reuses the plan whatever the
+    number of workers.
+    """
     try:
         utts = read_corpus(source)
     except VoxmillError as exc:
         raise RunError(exc.message) from None
     if not utts:
         raise RunError(f"{source} holds no utterances")
-    fingerprint = plan_fingerprint(utts, ops, shard_size)
+    fingerprint = plan_fingerprint(utts, ops, shard_size or settings.shard_size)
     plan_file = out_dir / PLAN_FILE
     if plan_file.exists():
         existing = Plan.from_dict(json.loads(plan_file.read_text()))
@@ -131,9 +142,12 @@ def load_or_make_plan(
                 "use another --out folder, or delete this one to start over"
             )
         return existing
+    size = shard_size
+    if not size:
+        size = auto_shard_size(len(utts), workers, settings.shard_size) if workers else settings.shard_size
     timed = probe_durations(utts, settings.audio_limits)
-    specs = plan_shards(timed, ops, str(out_dir.resolve()), shard_size)
-    plan = Plan(fingerprint, str(source), list(ops), shard_size, specs, [u.utt for u in utts])
+    specs = plan_shards(timed, ops, str(out_dir.resolve()), size)
+    plan = Plan(fingerprint, str(source), list(ops), size, specs, [u.utt for u in utts])
     write_text(plan_file, json.dumps(plan.to_dict()))
     return plan
 
@@ -330,6 +344,18 @@ def corpus_roots(plan: Plan, out_dir: Path, limit: int = 64) -> list[Path]:
     return [*minimal, out_dir.resolve()]
 
 
+def remote_workers(settings: Settings) -> int | None:
+    """Worker processes with their models loaded on the broker (None when there are none or it fails)."""
+    try:
+        client = redis.Redis.from_url(settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5)
+        try:
+            return status.count_ready_workers(client) or None
+        finally:
+            client.close()
+    except redis.RedisError:
+        return None
+
+
 def check_models(settings: Settings, ops: Sequence[str]) -> None:
     """Fail early, with the fix, when the model folder lacks a model the ops need."""
     from pipeline.records import ROLES_BY_OP
@@ -352,7 +378,11 @@ def extract_corpus(
     shard_size: int,
     quiet: bool = False,
 ) -> dict[str, Any]:
-    """`voxmill extract`: with a broker, submit and wait; without one, run an embedded cluster too."""
+    """`voxmill extract`: with a broker, submit and wait; without one, run an embedded cluster too.
+
+    `shard_size` 0: automatic (see `load_or_make_plan`), for `workers` local processes, or with a
+    broker for the worker processes ready now.
+    """
     from workers.app import create_app
     from workers.embedded import EmbeddedRedis, LocalWorkers
 
@@ -362,7 +392,8 @@ def extract_corpus(
     except OSError as exc:
         raise RunError(f"cannot use the output folder {out_dir}: {exc.strerror or exc}") from None
     try:
-        plan = load_or_make_plan(source, out_dir, ops, shard_size, settings)
+        planned_for = remote_workers(settings) if settings.broker_url else workers
+        plan = load_or_make_plan(source, out_dir, ops, shard_size, settings, planned_for)
         extra: dict[str, Any] = {"input": str(source)}
         if settings.broker_url:
             return run_corpus(

@@ -1,9 +1,17 @@
-"""The corpus driver submits the longest shards first (`workers.driver.longest_first`)."""
+"""The corpus driver's plan: shards sized for the workers, the longest submitted first."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from pipeline.corpus import auto_shard_size
 from pipeline.records import ShardSpec, Utterance
-from workers.driver import longest_first
+from pipeline.settings import Settings
+from workers.driver import load_or_make_plan, longest_first
 
 
 def shard(number: int, *durations: float | None) -> ShardSpec:
@@ -21,3 +29,34 @@ def test_unknown_durations_count_as_zero_and_the_plan_is_left_alone() -> None:
     ordered = longest_first(plan)
     assert [s.shard for s in ordered] == [2, 1, 0]
     assert [s.shard for s in plan] == [0, 1, 2]
+
+
+def test_auto_shard_size_gives_every_worker_several_shards_up_to_the_largest() -> None:
+    assert auto_shard_size(60, workers=2, largest=32) == 5  # 12 shards: 6 per worker
+    assert auto_shard_size(240, workers=2, largest=32) == 20
+    assert auto_shard_size(100_000, workers=2, largest=32) == 32
+    assert auto_shard_size(3, workers=8, largest=32) == 1
+    assert auto_shard_size(0, workers=2, largest=32) == 1
+
+
+def test_an_automatic_plan_is_cut_for_the_workers_and_resumed_whatever_their_number(tmp_path: Path) -> None:
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    manifest = tmp_path / "corpus.jsonl"
+    lines = []
+    for i in range(60):
+        path = audio / f"u{i:02d}.wav"
+        sf.write(path, np.zeros(1600 * (1 + i % 5), dtype=np.float32), 16000)
+        lines.append(json.dumps({"utt": f"u{i:02d}", "path": str(path)}))
+    manifest.write_text("\n".join(lines) + "\n")
+    settings = Settings(shard_size=32)
+    out = tmp_path / "out"
+    out.mkdir()
+    plan = load_or_make_plan(manifest, out, ["embed"], 0, settings, workers=2)
+    assert plan.shard_size == 5 and len(plan.specs) == 12
+    resumed = load_or_make_plan(manifest, out, ["embed"], 0, settings, workers=8)
+    assert resumed.specs == plan.specs  # plan.json reused: a resume never re-cuts the shards
+    fixed = load_or_make_plan(manifest, tmp_path / "fixed", ["embed"], 16, settings, workers=2)
+    assert [len(s.utts) for s in fixed.specs] == [16, 16, 16, 12]
+    unknown = load_or_make_plan(manifest, tmp_path / "remote", ["embed"], 0, settings, workers=None)
+    assert unknown.shard_size == 32

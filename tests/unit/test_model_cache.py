@@ -1,4 +1,4 @@
-"""The optimized-model cache: built on the first load, reused after, identical outputs, never trusted blindly."""
+"""The optimized-model cache: built on the first load, reused after, same outputs, never trusted blindly."""
 
 from __future__ import annotations
 
