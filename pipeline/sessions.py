@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -174,6 +174,15 @@ def _tensor_mismatch(arg: Any, want: TensorSpec) -> str | None:
     return None
 
 
+class Built(NamedTuple):
+    """A freshly built ONNX Runtime session, how it serves, and the sha256 it was built from."""
+
+    session: Any
+    choice: ProviderChoice
+    engine_dir: Path | None
+    sha256: str
+
+
 class ModelSession:
     """A loaded and checked model of one role. Build with `load`, then `warm_up` before use."""
 
@@ -243,39 +252,22 @@ class ModelSession:
         spec = registry.role(role)
         available = ort.get_available_providers()
         cache = _cpu_model_cache(options, available)
-        key = hashed = None
-        built: tuple[Any, ProviderChoice, Path | None] | None = None
+        built: Built | None = None
+        hashed: str | None = None
+        saving: tuple[ModelCache, str] | None = None  # where a miss writes its entry
         cache_state = "off"
         if cache is not None:  # a hit never reads the model into memory
             hashed = hash_model_file(path)
             _check_expected(path, hashed, expected_sha256)
-            key = cache_key(hashed, ort.__version__)
-            entry = cache.lookup(key)
+            saving = (cache, cache_key(hashed, ort.__version__))
+            entry = cache.lookup(saving[1])
             if entry is not None:
-                built = _session_from_cache(ort, cache, entry, options, available)
-                cache_state = "hit" if built is not None else "rebuilt"
-        if built is not None:
-            sha256 = hashed or ""
-        else:
-            data = read_model_bytes(path)
-            sha256 = sha256_bytes(data)
-            _check_expected(path, sha256, hashed or expected_sha256)
-            choice, engine_dir = plan_providers(options, spec, data, sha256, available, host)
-            if engine_dir is not None:
-                make_engine_dir(engine_dir)
-            staging = cache.prepare(key) if cache is not None and key is not None else None
-            try:
-                session = _build_session(ort, data, path, options, choice, staging)
-            except VoxmillError:
-                if staging is not None:
-                    shutil.rmtree(staging, ignore_errors=True)
-                raise
-            del data
-            built = (session, choice, engine_dir)
-            if staging is not None and cache is not None and key is not None:
-                _commit_checked(cache, key, staging, spec, path, session, sha256, ort.__version__)
-                cache_state = "built" if cache_state == "off" else cache_state
-        session, choice, engine_dir = built
+                built = _session_from_cache(ort, cache, entry, hashed, options, available)
+            cache_state = "hit" if built else "rebuilt" if entry else "built"
+        if built is None:
+            expected = hashed or expected_sha256
+            built = _session_from_bytes(ort, path, spec, options, available, host, expected, saving)
+        session, choice, engine_dir, sha256 = built
         if choice.warning:
             log.warning("%s: %s", path.name, choice.warning)
         check_signature(spec, path.name, session.get_inputs(), session.get_outputs())
@@ -426,8 +418,13 @@ def _cpu_model_cache(options: SessionOptions, available: Sequence[str]) -> Model
 
 
 def _session_from_cache(
-    ort: Any, cache: ModelCache, entry: CacheEntry, options: SessionOptions, available: Sequence[str]
-) -> tuple[Any, ProviderChoice, None] | None:
+    ort: Any,
+    cache: ModelCache,
+    entry: CacheEntry,
+    sha256: str,
+    options: SessionOptions,
+    available: Sequence[str],
+) -> Built | None:
     """The session of a cache entry (graph already optimised); None (entry discarded) when it fails."""
     choice = choose_providers(options.provider, available, options.provider_options)
     try:
@@ -438,7 +435,37 @@ def _session_from_cache(
         log.warning("optimized-model cache entry %s does not load (%s); rebuilding it", name, exc)
         cache.discard(entry)
         return None
-    return session, choice, None
+    return Built(session, choice, None, sha256)
+
+
+def _session_from_bytes(
+    ort: Any,
+    path: Path,
+    spec: RoleSpec,
+    options: SessionOptions,
+    available: Sequence[str],
+    host: HostInfo | None,
+    expected_sha256: str | None,
+    saving: tuple[ModelCache, str] | None,
+) -> Built:
+    """Read the file once, check its sha256, build the session; with `saving`, write its cache entry."""
+    data = read_model_bytes(path)
+    sha256 = sha256_bytes(data)
+    _check_expected(path, sha256, expected_sha256)
+    choice, engine_dir = plan_providers(options, spec, data, sha256, available, host)
+    if engine_dir is not None:
+        make_engine_dir(engine_dir)
+    staging = saving[0].prepare(saving[1]) if saving is not None else None
+    try:
+        session = _build_session(ort, data, path, options, choice, staging)
+    except VoxmillError:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    del data
+    if saving is not None and staging is not None:
+        _commit_checked(saving[0], saving[1], staging, spec, path, session, sha256, ort.__version__)
+    return Built(session, choice, engine_dir, sha256)
 
 
 def _commit_checked(
