@@ -7,8 +7,9 @@
 Results are read in batches (one MGET for all pending jobs) and deleted once read, so Redis
 does not keep them until they expire. The client does not sleep between reads: Celery's Redis
 backend publishes each stored result on a channel named as its key, and the client listens on
-the pending jobs' channels (`ResultWakeups`), reading again as soon as one is announced; every
-`poll_s` it reads anyway, so a lost announcement costs at most `poll_s`, never a result. A broker
+the pending jobs' channels (`ResultWakeups`) and reads the announced ones as soon as they are
+announced; every `poll_s` without an announcement it reads them all, so a lost announcement
+costs at most `poll_s`, never a result. A broker
 outage while waiting is ridden out with backoff until the deadline (listening resumes after it);
 what has not come back by then is a `timeout` error.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,51 +40,52 @@ POLL_S = 0.25
 
 
 class ResultWakeups:
-    """Wakes a waiting producer when one of its results is stored (Redis pub/sub on the result keys).
+    """Says which of a producer's results were just stored (Redis pub/sub on the result keys).
 
-    Only a hint that reading now is worth it: the result itself is always read from its key.
-    Any Redis trouble drops the subscription; the next `follow` subscribes again.
+    Only a hint of what to read now: a result itself is always read from its key. Any Redis
+    trouble drops the subscription (`listening` turns False) until `follow` is called again.
     """
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self.pubsub: Any = None
-        self.channels: set[str] = set()
 
-    def follow(self, keys: Iterable[str]) -> None:
-        """Listen on `keys` too (before reading them, so no announcement falls in between)."""
+    @property
+    def listening(self) -> bool:
+        return self.pubsub is not None
+
+    def follow(self, keys: Sequence[Any]) -> None:
+        """Listen on `keys` (before reading them, so no announcement falls in between)."""
         try:
-            if self.pubsub is None:
-                self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-                self.channels = set()
-            new = [key for key in keys if key not in self.channels]
-            for start in range(0, len(new), SUBSCRIBE_BATCH):
-                self.pubsub.subscribe(*new[start : start + SUBSCRIBE_BATCH])
-            self.channels.update(new)
+            self.close()
+            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            for start in range(0, len(keys), SUBSCRIBE_BATCH):
+                self.pubsub.subscribe(*keys[start : start + SUBSCRIBE_BATCH])
         except (redis.RedisError, OSError):
             self.close()
 
-    def wait(self, timeout_s: float) -> None:
-        """Return at the first announcement, or after `timeout_s`."""
+    def wait(self, timeout_s: float) -> set[Any]:
+        """The keys announced from now until the first announcement, or after `timeout_s` (empty)."""
         if self.pubsub is None:
             time.sleep(timeout_s)
-            return
+            return set()
         deadline = time.monotonic() + timeout_s
+        announced: set[Any] = set()
         try:
-            while (left := deadline - time.monotonic()) > 0:
-                if self.pubsub.get_message(timeout=left) is not None:
-                    while self.pubsub.get_message(timeout=0) is not None:
-                        pass  # several results at once: one read serves them all
-                    return
+            while not announced and (left := deadline - time.monotonic()) > 0:
+                message = self.pubsub.get_message(timeout=left)
+                while message is not None:  # several results at once: one read serves them all
+                    announced.add(message["channel"])
+                    message = self.pubsub.get_message(timeout=0)
         except (redis.RedisError, OSError, ValueError):
             self.close()
+        return announced
 
     def close(self) -> None:
         if self.pubsub is not None:
             with contextlib.suppress(redis.RedisError, OSError):
                 self.pubsub.close()
         self.pubsub = None
-        self.channels = set()
 
 
 def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, TaskResult | None]:
@@ -188,36 +190,36 @@ class Client:
         self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = POLL_S
     ) -> Iterator[tuple[Job, TaskResult]]:
         """Like `as_completed`, with each result's job."""
-        pending = {job.id: job for job in jobs}
-        deadline = time.monotonic() + timeout_s
-        backoff = poll_s
         backend = self.app.backend
+        pending = {backend.get_key_for_task(job.id): job for job in jobs}
+        deadline = time.monotonic() + timeout_s
         wakeups = ResultWakeups(backend.client) if self.wakeups else None
+        announced: set[Any] = set()  # keys announced since the last read
+        full_read_at = 0.0  # read every pending job then (and whenever nothing was announced)
+        backoff = poll_s
         try:
             while pending:
-                if wakeups is not None:
-                    wakeups.follow(backend.get_key_for_task(job_id) for job_id in pending)
-                try:
-                    ready = self._poll(list(pending.values()))
-                    backoff = poll_s
-                except (redis.RedisError, OperationalError, OSError) as exc:
-                    log.warning("broker unreachable while waiting for results (%s); retrying", exc)
-                    ready = []
-                    backoff = min(max(backoff * 2, 0.5), 5.0)
-                    if wakeups is not None:
-                        wakeups.close()
-                for job, result in ready:
-                    del pending[job.id]
+                if wakeups is not None and not wakeups.listening:
+                    wakeups.follow(list(pending))
+                now = time.monotonic()
+                if announced and now < full_read_at:
+                    wanted = [pending[key] for key in announced if key in pending]
+                else:
+                    wanted, full_read_at = list(pending.values()), now + poll_s
+                ready = self._read(wanted, wakeups)
+                backoff = poll_s if ready is not None else min(max(backoff * 2, 0.5), 5.0)
+                for job, result in ready or []:
+                    del pending[backend.get_key_for_task(job.id)]
                     yield job, result
                 if pending and time.monotonic() > deadline:
                     for job in pending.values():
                         yield job, timed_out(job, timeout_s)
                     return
-                if pending and not ready:
+                if pending:
                     wait_s = min(backoff, max(0.0, deadline - time.monotonic()) + 0.001)
                     if wakeups is not None:
-                        wakeups.wait(wait_s)
-                    else:
+                        announced = wakeups.wait(wait_s)
+                    elif not ready:
                         time.sleep(wait_s)
         finally:
             if wakeups is not None:
@@ -233,6 +235,16 @@ class Client:
         """Results of `jobs`, in the order of `jobs`."""
         by_id = {job.id: result for job, result in self.completed(jobs, timeout_s)}
         return [by_id[job.id] for job in jobs]
+
+    def _read(self, jobs: list[Job], wakeups: ResultWakeups | None) -> list[tuple[Job, TaskResult]] | None:
+        """`_poll`; None when the broker is unreachable (logged; the wake-ups are dropped)."""
+        try:
+            return self._poll(jobs)
+        except (redis.RedisError, OperationalError, OSError) as exc:
+            log.warning("broker unreachable while waiting for results (%s); retrying", exc)
+            if wakeups is not None:
+                wakeups.close()
+            return None
 
     def _poll(self, jobs: list[Job]) -> list[tuple[Job, TaskResult]]:
         """One MGET per batch of pending jobs; ready results are decoded and deleted."""

@@ -16,7 +16,7 @@ from kombu import Connection, Exchange, Producer
 
 from pipeline.records import TaskResult
 from tests.conftest import clean_env, flush_keeping_claim, make_settings, voxmill, wait_for
-from workers.client import Client
+from workers.client import Client, ResultWakeups
 from workers.embedded import LocalWorkers
 
 
@@ -83,6 +83,24 @@ def test_the_client_wakes_on_the_result_announcement_not_on_its_poll(worker, set
     assert time.monotonic() - started < 30  # a polling-only client would sleep 60 s
     polling = Client(settings, wakeups=False)
     assert polling.run("embed", [clip], timeout_s=60)[0].error is None
+
+
+def test_result_wakeups_name_the_announced_keys_and_survive_a_close(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    wakeups = ResultWakeups(client)
+    wakeups.follow([b"voxmill-test-k1", b"voxmill-test-k2"])
+    assert wakeups.listening
+    announced: set[bytes] = set()
+    for _ in range(50):  # the subscription becomes active asynchronously
+        client.publish("voxmill-test-k2", "stored")
+        announced = wakeups.wait(0.1)
+        if announced:
+            break
+    assert announced == {b"voxmill-test-k2"}
+    assert wakeups.wait(0.05) == set()  # nothing more announced
+    wakeups.close()
+    assert not wakeups.listening and wakeups.wait(0.01) == set()
+    client.close()
 
 
 def test_bad_inputs_come_back_as_codes_and_the_worker_keeps_serving(
