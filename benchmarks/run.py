@@ -222,9 +222,9 @@ def summarize_main(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def section_scaling(cfg: Config) -> dict[str, Any]:
-    """1 vs 2 processes and 2x1 vs 1x2 threads, end to end and for the model alone. `2x1/s8` is
-    2 processes with `--shard-size 8`: a corpus this small makes only two shards per op at the
-    default size, too few to keep two processes busy to the end."""
+    """1 vs 2 processes and 2x1 vs 1x2 threads, end to end and for the model alone. The end-to-end
+    runs use the automatic shard size (about six shards per worker process); `2x1/s8` is 2
+    processes with a fixed `--shard-size` of an eighth of the clips, for comparison."""
     models = prime_model_cache(make_models(cfg.profile))
     clips = subset(make_corpus(cfg.main), cfg.scaling_clips)
     manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{cfg.main.name}-scaling.jsonl")
