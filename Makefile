@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # Two test processes (pytest-xdist), each test file on one of them: many tests wait on
-# processes, timeouts and outages, so the suite takes about 7.5 min on 2 cores instead of 12.
+# processes, timeouts and outages, so the suite takes 4-8 min on 2 cores instead of 12.
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test: lint
