@@ -27,16 +27,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.corpus import WORK_DIR
+from benchmarks.common import MODEL_CACHE_DIR, prime_model_cache
 
 MODES = ("voxmill", "voxmill-first", "no-cache", "no-prepack")
-CACHE_DIR = WORK_DIR / "ort-cache"
+CACHE_DIR = MODEL_CACHE_DIR  # the cache every benchmark child uses
 
 
 def rss_mb() -> dict[str, float]:
@@ -47,14 +45,6 @@ def rss_mb() -> dict[str, float]:
             key, value = line.split(":")
             values[key] = round(int(value.split()[0]) / 1024, 1)
     return values
-
-
-def stream_sha256(path: Path, chunk_bytes: int = 8 * 1024 * 1024) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def session_options(ort: Any) -> Any:
@@ -74,7 +64,7 @@ def load(mode: str, path: Path, role: str) -> tuple[Any, dict[str, Any]]:
 
     from pipeline.model_cache import cache_key
     from pipeline.registry import Registry
-    from pipeline.sessions import ModelSession, SessionOptions
+    from pipeline.sessions import ModelSession, SessionOptions, hash_model_file
 
     facts: dict[str, Any] = {}
     if mode == "no-prepack":
@@ -91,18 +81,12 @@ def load(mode: str, path: Path, role: str) -> tuple[Any, dict[str, Any]]:
     registry = Registry.load()
     options = SessionOptions(provider="cpu", model_cache_dir=None if mode == "no-cache" else CACHE_DIR)
     if mode != "no-cache":
-        key = cache_key(stream_sha256(path), ort.__version__)
+        key = cache_key(hash_model_file(path), ort.__version__)
         if mode == "voxmill-first":
             shutil.rmtree(CACHE_DIR / key, ignore_errors=True)
         elif not (CACHE_DIR / key).exists():  # built in another process, to keep its peak out
             started = time.perf_counter()
-            build = (
-                "import sys; from pathlib import Path; from pipeline.registry import Registry; "
-                "from pipeline.sessions import ModelSession, SessionOptions; "
-                "ModelSession.load(Path(sys.argv[1]), sys.argv[2], "
-                "SessionOptions(provider='cpu', model_cache_dir=Path(sys.argv[3])), Registry.load())"
-            )
-            subprocess.run([sys.executable, "-c", build, str(path), role, str(CACHE_DIR)], check=True)
+            prime_model_cache(path.parent)
             facts["cache_build_s"] = round(time.perf_counter() - started, 4)
     session = ModelSession.load(path, role, options, registry)
     facts["load_s"] = session.load_s

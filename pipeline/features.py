@@ -135,18 +135,7 @@ def _sparse_mel_banks(num_mel_bins: int) -> Any:
     weights are non-zero), and a sparse product never starts BLAS threads."""
     import scipy.sparse
 
-    return scipy.sparse.csr_matrix(kaldi_mel_banks(num_mel_bins))
-
-
-@lru_cache(maxsize=4)
-def _sparse_mel_banks32(num_mel_bins: int) -> Any:
-    """`_sparse_mel_banks` in float32 (the fbank's mel product runs in float32)."""
-    return _sparse_mel_banks(num_mel_bins).astype(np.float32)
-
-
-@lru_cache(maxsize=1)
-def _povey_window32() -> npt.NDArray[np.float32]:
-    return povey_window().astype(np.float32)
+    return scipy.sparse.csr_matrix(kaldi_mel_banks(num_mel_bins).astype(np.float32))
 
 
 @lru_cache(maxsize=1)
@@ -186,8 +175,8 @@ def kaldi_fbank(wave: FloatArray, num_mel_bins: int = 80) -> FloatArray:
     offsets32 = offsets.astype(np.float32)
     emphasised = (wave64[1:] - PREEMPHASIS * wave64[:-1]).astype(np.float32)
     frames = np.lib.stride_tricks.sliding_window_view(emphasised, KALDI_FRAME - 1)[::KALDI_SHIFT]
-    window = _povey_window32()[1:]  # window[0] == 0: sample 0 of every frame stays 0
-    banks = _sparse_mel_banks32(num_mel_bins)
+    window = povey_window()[1:].astype(np.float32)  # window[0] == 0: sample 0 of every frame stays 0
+    banks = _sparse_mel_banks(num_mel_bins)
     padded = np.zeros((min(FBANK_BLOCK_FRAMES, n_frames), KALDI_FFT), dtype=np.float32)
     for first in range(0, n_frames, FBANK_BLOCK_FRAMES):
         last = min(n_frames, first + FBANK_BLOCK_FRAMES)

@@ -251,7 +251,9 @@ class ModelSession:
         started = time.perf_counter()
         spec = registry.role(role)
         available = ort.get_available_providers()
-        cache = _cpu_model_cache(options, available)
+        choice = choose_providers(options.provider, available, options.provider_options)
+        # The optimized-model cache serves CPU sessions only: TensorRT has its engine cache.
+        cache = options.model_cache() if choice.providers == [(CPU, {})] else None
         built: Built | None = None
         hashed: str | None = None
         saving: tuple[ModelCache, str] | None = None  # where a miss writes its entry
@@ -262,7 +264,7 @@ class ModelSession:
             saving = (cache, cache_key(hashed, ort.__version__))
             entry = cache.lookup(saving[1])
             if entry is not None:
-                built = _session_from_cache(ort, cache, entry, hashed, options, available)
+                built = _session_from_cache(ort, cache, entry, hashed, options, choice)
             cache_state = "hit" if built else "rebuilt" if entry else "built"
         if built is None:
             expected = hashed or expected_sha256
@@ -408,25 +410,15 @@ def _build_session(
         raise VoxmillError(errors.MODEL_ERROR, _load_failure_message(path, str(exc))) from exc
 
 
-def _cpu_model_cache(options: SessionOptions, available: Sequence[str]) -> ModelCache | None:
-    """The optimized-model cache, when configured, trusted, and the CPU provider alone will serve."""
-    if options.model_cache_dir is None:
-        return None
-    if choose_providers(options.provider, available, options.provider_options).providers != [(CPU, {})]:
-        return None  # GPU providers: TensorRT has its engine cache; CUDA graphs are not saved
-    return options.model_cache()
-
-
 def _session_from_cache(
     ort: Any,
     cache: ModelCache,
     entry: CacheEntry,
     sha256: str,
     options: SessionOptions,
-    available: Sequence[str],
+    choice: ProviderChoice,
 ) -> Built | None:
     """The session of a cache entry (graph already optimised); None (entry discarded) when it fails."""
-    choice = choose_providers(options.provider, available, options.provider_options)
     try:
         so = _session_options(ort, options, optimise=False)
         session = ort.InferenceSession(str(entry.model_path), sess_options=so, providers=choice.providers)
