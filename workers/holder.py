@@ -15,7 +15,8 @@ Life of a model in a worker (Triton's load -> warm up -> serve -> unload):
 4. A failed reload keeps the old session and is reported in the heartbeat (`reload_failures`).
    A file that cannot be the published one (missing, another size) waits until it changes;
    any other failure (out of memory, say) is retried with backoff up to `reload_retry_max_s`.
-5. A heartbeat thread writes `describe()` to Redis (`keys.WORKER`, expiring), right away after
+5. A heartbeat thread writes `describe()` to Redis (`keys.WORKER`, expiring) every
+   `HEARTBEAT_INTERVAL_S`, within `HEARTBEAT_MIN_GAP_S` of a finished task, and right away after
    every swap or failure; `voxmill status` reads it.
 """
 
@@ -50,6 +51,7 @@ from workers.metrics import NoMetrics
 log = logging.getLogger("voxmill.holder")
 HEARTBEAT_TTL_S = 15
 HEARTBEAT_INTERVAL_S = 2.0
+HEARTBEAT_MIN_GAP_S = 0.25  # a finished task is shown this soon; more tasks in between share one write
 RELOAD_SLOT_TTL_S = 300
 SLOT_RETRY_S = 0.1
 SLOT_COUNT_TTL_S = 10.0
@@ -126,6 +128,7 @@ class ModelHolder:
         self._recent: deque[float] = deque()
         self._swap_lock = threading.RLock()
         self._stop = threading.Event()
+        self._activity = threading.Event()  # a task finished since the last heartbeat
         self._threads: list[threading.Thread] = []
         self._redis: redis.Redis | None = None
         self._slot: str | None = None
@@ -160,6 +163,7 @@ class ModelHolder:
     def stop(self) -> None:
         """Stop the background threads, drop the heartbeat and release every session."""
         self._stop.set()
+        self._activity.set()
         for thread in self._threads:
             thread.join(timeout=5)
         with contextlib.suppress(redis.RedisError):
@@ -222,6 +226,7 @@ class ModelHolder:
         with self._swap_lock:
             self.tasks_done += 1
             self._recent.append(time.time())
+        self._activity.set()
 
     def describe(self) -> dict[str, Any]:
         """This process as `voxmill status` shows it."""
@@ -250,8 +255,13 @@ class ModelHolder:
     # -- background: heartbeat ---------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
         interval_s = min(self.settings.worker_reload_check_s, HEARTBEAT_INTERVAL_S)
-        while not self._stop.wait(interval_s):
+        while not self._stop.is_set():
+            self._activity.wait(interval_s)
+            if self._stop.is_set():
+                break
+            self._activity.clear()
             self._heartbeat_safely()
+            self._stop.wait(HEARTBEAT_MIN_GAP_S)
 
     def _heartbeat_safely(self) -> None:
         try:

@@ -9,8 +9,10 @@ from pathlib import Path
 import redis
 
 from tests.conftest import make_settings, voxmill, wait_for
+from workers import keys
 from workers.client import Client
 from workers.embedded import free_port
+from workers.holder import HEARTBEAT_INTERVAL_S
 
 
 def scrape(port: int) -> str:
@@ -59,6 +61,12 @@ def test_status_json_shape_and_a_stopping_worker(
     settings = make_settings(redis_url, tiny_models, [audio_dir])
     workers = start_worker(settings, concurrency=2, queues=("embed",))
     Client(settings).run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=60)
+
+    def heartbeats_counted() -> bool:  # a finished task reaches the heartbeat within HEARTBEAT_MIN_GAP_S
+        beats = [redis_client.get(k) for k in redis_client.keys(keys.WORKER.format(worker_id="*"))]
+        return sum(json.loads(b)["tasks_last_minute"] for b in beats if b) >= 1
+
+    wait_for(heartbeats_counted, timeout_s=HEARTBEAT_INTERVAL_S + 3)
     done = voxmill("status", "--json", env=settings.to_env())
     assert done.returncode == 0, done.stderr
     status = json.loads(done.stdout)
