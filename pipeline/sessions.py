@@ -1,9 +1,11 @@
 """ONNX Runtime sessions, the one place they are built: load -> warm up -> serve -> close.
 
-A model is read once into memory; the sha256 of exactly those bytes is what every result
-names, and the session is built from those same bytes — or, on the CPU with the optimized-model
-cache on (`pipeline/model_cache.py`), the file is hashed as a stream and the session is built
-from the cache entry of that sha256 (built from the bytes on the first load). Input and output
+The sha256 of exactly the bytes a session is built from is what every result names. On the
+CPU the model file is opened once (`PinnedModelFile`), hashed through that descriptor, and the
+session is built from the cache entry of that sha256 (`pipeline/model_cache.py`) or else from the
+same open file (`/proc/self/fd/N`), so a model renamed over the path meanwhile cannot mix in, and
+one written in place is caught by its size or time changing. GPU sessions are built from the
+bytes read once into memory (TensorRT's shape profile is read from them). Input and output
 names are read from the session, never hard-coded; the signature (rank, dtype by position) is
 checked against the registry at load, so a wrong model is refused with `model_error` before
 any request.
@@ -11,8 +13,10 @@ any request.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -106,21 +110,75 @@ def read_model_bytes(path: Path) -> bytes:
     return data
 
 
-def hash_model_file(path: Path, chunk_bytes: int = 8 * 1024 * 1024) -> str:
+def hash_model_file(path: Path) -> str:
     """The sha256 of the model file, read in chunks (never whole in memory); errors as `read_model_bytes`."""
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        with open(path, "rb") as stream:
-            while chunk := stream.read(chunk_bytes):
-                if size == 0:
-                    _check_model_head(path, chunk, len(chunk))
-                digest.update(chunk)
-                size += len(chunk)
-    except OSError as exc:
-        raise _unreadable(path, exc) from None
-    _check_model_head(path, b"", size)
-    return digest.hexdigest()
+    with PinnedModelFile(path) as pinned:
+        return pinned.sha256
+
+
+class PinnedModelFile:
+    """A model file opened once: hashed through its descriptor, and read by ONNX Runtime through it.
+
+    `source` is what ONNX Runtime opens: `/proc/self/fd/N` where the platform has it (the very
+    file that was hashed, even if another is renamed over the path meanwhile), else the path.
+    `check_unchanged()` after building catches a file written in place (or, without
+    `/proc`, replaced) while it was read. Opening and hashing raise `model_error` as
+    `read_model_bytes` does.
+    """
+
+    CHUNK_BYTES = 8 * 1024 * 1024
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
+        try:
+            self.opened = os.fstat(self.fd)
+            self.sha256 = self._hash()
+        except BaseException:
+            os.close(self.fd)
+            raise
+        by_fd = Path(f"/proc/self/fd/{self.fd}")
+        self.source = str(by_fd) if by_fd.exists() else str(path)
+
+    def _hash(self) -> str:
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with open(self.fd, "rb", closefd=False) as stream:
+                while chunk := stream.read(self.CHUNK_BYTES):
+                    if size == 0:
+                        _check_model_head(self.path, chunk, len(chunk))
+                    digest.update(chunk)
+                    size += len(chunk)
+        except OSError as exc:
+            raise _unreadable(self.path, exc) from None
+        _check_model_head(self.path, b"", size)
+        return digest.hexdigest()
+
+    def check_unchanged(self) -> None:
+        """`model_error` when the file was written in place (or, read by path, replaced) since hashing."""
+        now = os.fstat(self.fd)
+        changed = (now.st_size, now.st_mtime_ns) != (self.opened.st_size, self.opened.st_mtime_ns)
+        if not changed and self.source == str(self.path):
+            with contextlib.suppress(OSError):
+                changed = os.stat(self.path).st_ino != self.opened.st_ino
+        if changed:
+            raise VoxmillError(
+                errors.MODEL_ERROR,
+                f"{self.path} changed while it was read (sha256 {self.sha256[:12]}… no longer holds)",
+            )
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> PinnedModelFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _unreadable(path: Path, exc: OSError) -> VoxmillError:
@@ -239,8 +297,8 @@ class ModelSession:
     ) -> ModelSession:
         """Read `path` once, check its sha256 (when given) and signature, and build the session.
 
-        With the optimized-model cache (CPU only), a hit hashes `path` as a stream and builds
-        the session from the cache entry; a miss builds from the bytes and saves the entry.
+        On the CPU, `path` is hashed as a stream and the session built from the optimized-model
+        cache entry of that sha256, else from the open file (saving the entry when the cache is on).
 
         When TensorRT may serve, its engine cache is `engine_cache_dir/<key of model, GPU,
         versions, precision>`; `host` (GPU name and versions) is detected when not given.
@@ -252,23 +310,13 @@ class ModelSession:
         spec = registry.role(role)
         available = ort.get_available_providers()
         choice = choose_providers(options.provider, available, options.provider_options)
-        # The optimized-model cache serves CPU sessions only: TensorRT has its engine cache.
-        cache = options.model_cache() if choice.providers == [(CPU, {})] else None
-        built: Built | None = None
-        hashed: str | None = None
-        saving: tuple[ModelCache, str] | None = None  # where a miss writes its entry
         cache_state = "off"
-        if cache is not None:  # a hit never reads the model into memory
-            hashed = hash_model_file(path)
-            _check_expected(path, hashed, expected_sha256)
-            saving = (cache, cache_key(hashed, ort.__version__))
-            entry = cache.lookup(saving[1])
-            if entry is not None:
-                built = _session_from_cache(ort, cache, entry, hashed, options, choice)
-            cache_state = "hit" if built else "rebuilt" if entry else "built"
-        if built is None:
-            expected = hashed or expected_sha256
-            built = _session_from_bytes(ort, path, spec, options, available, host, expected, saving)
+        if choice.providers == [(CPU, {})]:
+            with PinnedModelFile(path) as pinned:
+                _check_expected(path, pinned.sha256, expected_sha256)
+                built, cache_state = _cpu_session(ort, pinned, spec, options, choice)
+        else:  # GPU: TensorRT has its own engine cache, and reads its shape profile from the bytes
+            built = _session_from_bytes(ort, path, spec, options, available, host, expected_sha256)
         session, choice, engine_dir, sha256 = built
         if choice.warning:
             log.warning("%s: %s", path.name, choice.warning)
@@ -394,18 +442,18 @@ def _session_options(ort: Any, options: SessionOptions, optimise: bool = True) -
 
 def _build_session(
     ort: Any,
-    data: bytes,
+    model: bytes | str,
     path: Path,
     options: SessionOptions,
     choice: ProviderChoice,
     save_to: Path | None = None,
 ) -> Any:
-    """The session of the model bytes; with `save_to`, ONNX Runtime also writes its optimised graph there."""
+    """The session of `model` (bytes, or a file to open); with `save_to`, its optimised graph goes there."""
     so = _session_options(ort, options)
     if save_to is not None:
         save_options(so, save_to)
     try:
-        return ort.InferenceSession(data, sess_options=so, providers=choice.providers)
+        return ort.InferenceSession(model, sess_options=so, providers=choice.providers)
     except Exception as exc:
         raise VoxmillError(errors.MODEL_ERROR, _load_failure_message(path, str(exc))) from exc
 
@@ -430,6 +478,46 @@ def _session_from_cache(
     return Built(session, choice, None, sha256)
 
 
+def _cpu_session(
+    ort: Any, pinned: PinnedModelFile, spec: RoleSpec, options: SessionOptions, choice: ProviderChoice
+) -> tuple[Built, str]:
+    """A CPU session from the cache entry of the sha256, else from the open file; and its cache state."""
+    cache = options.model_cache()
+    if cache is None:
+        return _session_from_file(ort, pinned, spec, options, choice, None), "off"
+    key = cache_key(pinned.sha256, ort.__version__)
+    entry = cache.lookup(key)
+    if entry is not None:
+        built = _session_from_cache(ort, cache, entry, pinned.sha256, options, choice)
+        if built is not None:
+            return built, "hit"
+    built = _session_from_file(ort, pinned, spec, options, choice, (cache, key))
+    return built, "rebuilt" if entry else "built"
+
+
+def _session_from_file(
+    ort: Any,
+    pinned: PinnedModelFile,
+    spec: RoleSpec,
+    options: SessionOptions,
+    choice: ProviderChoice,
+    saving: tuple[ModelCache, str] | None,
+) -> Built:
+    """The session of the open model file (no copy of it in Python); with `saving`, write its cache entry."""
+    staging = saving[0].prepare(saving[1]) if saving is not None else None
+    try:
+        session = _build_session(ort, pinned.source, pinned.path, options, choice, staging)
+        pinned.check_unchanged()
+    except VoxmillError:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if saving is not None and staging is not None:
+        cache, key = saving
+        _commit_checked(cache, key, staging, spec, pinned.path, session, pinned.sha256, ort.__version__)
+    return Built(session, choice, None, pinned.sha256)
+
+
 def _session_from_bytes(
     ort: Any,
     path: Path,
@@ -438,25 +526,15 @@ def _session_from_bytes(
     available: Sequence[str],
     host: HostInfo | None,
     expected_sha256: str | None,
-    saving: tuple[ModelCache, str] | None,
 ) -> Built:
-    """Read the file once, check its sha256, build the session; with `saving`, write its cache entry."""
+    """Read the file once, check its sha256, build the session from those bytes (GPU providers)."""
     data = read_model_bytes(path)
     sha256 = sha256_bytes(data)
     _check_expected(path, sha256, expected_sha256)
     choice, engine_dir = plan_providers(options, spec, data, sha256, available, host)
     if engine_dir is not None:
         make_engine_dir(engine_dir)
-    staging = saving[0].prepare(saving[1]) if saving is not None else None
-    try:
-        session = _build_session(ort, data, path, options, choice, staging)
-    except VoxmillError:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
-    del data
-    if saving is not None and staging is not None:
-        _commit_checked(saving[0], saving[1], staging, spec, path, session, sha256, ort.__version__)
+    session = _build_session(ort, data, path, options, choice)
     return Built(session, choice, engine_dir, sha256)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ from onnx import TensorProto, helper
 from pipeline.errors import VoxmillError
 from pipeline.extraction import open_session
 from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
+from pipeline.sessions import ModelSession, PinnedModelFile, SessionOptions
 from pipeline.standin import make_standins
 
 REGISTRY = Registry.load()
@@ -49,6 +51,30 @@ def test_expected_sha256_mismatch_is_refused(models: Path) -> None:
     with pytest.raises(VoxmillError) as caught:
         ModelSession.load(models / "campplus.onnx", "embedder", OPTIONS, REGISTRY, expected_sha256="0" * 64)
     assert caught.value.code == "model_error" and "sha256" in caught.value.message
+
+
+def test_a_model_renamed_over_the_path_leaves_the_pinned_file(models: Path, tmp_path: Path) -> None:
+    path = shutil.copy(models / "campplus.onnx", tmp_path / "campplus.onnx")
+    other = tmp_path / "other.onnx"
+    make_standins(tmp_path / "seed7", seed=7)
+    shutil.copy(tmp_path / "seed7" / "campplus.onnx", other)
+    first = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    with PinnedModelFile(Path(path)) as pinned:
+        assert pinned.sha256 == first
+        os.replace(other, path)  # the atomic rename a deployment does, while the session is being built
+        assert hashlib.sha256(Path(pinned.source).read_bytes()).hexdigest() == first
+        pinned.check_unchanged()  # a rename leaves the open file as it was
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() != first
+
+
+def test_a_model_written_in_place_while_it_is_read_is_refused(models: Path, tmp_path: Path) -> None:
+    path = Path(shutil.copy(models / "campplus.onnx", tmp_path / "campplus.onnx"))
+    with PinnedModelFile(path) as pinned:
+        with path.open("ab") as stream:  # a copy still being written in place
+            stream.write(b"\0" * 16)
+        with pytest.raises(VoxmillError) as caught:
+            pinned.check_unchanged()
+    assert caught.value.code == "model_error" and "changed while it was read" in caught.value.message
 
 
 def wrong_rank_embedder(path: Path) -> Path:
