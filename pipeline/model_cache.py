@@ -21,6 +21,16 @@ half-written entry; an entry that fails to load is rebuilt. At most `keep` entri
 
 Life of an entry: `lookup` (hit: build the session from it) or `prepare` + ONNX Runtime writes
 it while building the session from the source + `commit`; `prune` after a commit.
+
+Known hashes: hashing the full tokenizer (half a gigabyte) is most of a cache hit's load. Once a
+process on this machine has hashed a model file, `remember_sha256` records its sha256 under the
+file's identity: device, inode, size, modification and change times in nanoseconds (git's index
+trusts the same fields). A later load of the same unchanged file (`known_sha256`: the watcher's
+validator hashed it, so every worker's reload, and every restart, skips it) takes the sha256
+from there. Writing the file in place, renaming another over it or touching it changes the
+identity (the change time cannot be set back), so a changed file is always hashed again. The
+records live in `hashes/` under the same trust rules as the entries; the newest
+`KNOWN_HASHES_KEEP` are kept.
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ ENTRY_FILE = "entry.json"
 FORMAT = 1
 EXTERNAL_MIN_BYTES = 1024
 DEFAULT_KEEP = 6
+HASHES_DIR = "hashes"
+KNOWN_HASHES_KEEP = 64
 _warned: set[str] = set()
 
 
@@ -76,6 +88,11 @@ def cache_key(model_sha256: str, ort_version: str, provider: str = "cpu", cpu: s
     cpu = cpu or cpu_fingerprint()
     parts = f"format={FORMAT}|sha256={model_sha256}|ort={ort_version}|provider={provider}|cpu={cpu}"
     return f"{model_sha256[:16]}-{hashlib.sha256(parts.encode()).hexdigest()[:16]}"
+
+
+def file_identity(st: os.stat_result) -> str:
+    """What changes whenever a file's content may have: device, inode, size, mtime and ctime (ns)."""
+    return f"{st.st_dev:x}-{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ctime_ns:x}"
 
 
 def untrusted_reason(folder: Path) -> str | None:
@@ -183,6 +200,34 @@ class ModelCache:
             shutil.rmtree(staging, ignore_errors=True)
         self.prune()
         return CacheEntry(final) if final.is_dir() else None
+
+    def known_sha256(self, opened: os.stat_result) -> str | None:
+        """The sha256 recorded for a file with exactly this identity, or None."""
+        record = self.root / HASHES_DIR / file_identity(opened)
+        try:
+            if untrusted_reason(record.parent):
+                return None
+            sha256 = record.read_text().strip()
+        except OSError:
+            return None
+        return sha256 if len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256) else None
+
+    def remember_sha256(self, opened: os.stat_result, sha256: str) -> None:
+        """Record the sha256 of a file just hashed whole, under its identity when opened."""
+        folder = self.root / HASHES_DIR
+        with contextlib.suppress(OSError):
+            folder.mkdir(mode=0o700, exist_ok=True)
+            fd, staging = tempfile.mkstemp(prefix=".", dir=folder)
+            with os.fdopen(fd, "w") as stream:
+                stream.write(sha256)
+            os.replace(staging, folder / file_identity(opened))
+            records = sorted(
+                (p for p in folder.iterdir() if not p.name.startswith(".")),
+                key=lambda p: p.stat().st_mtime,
+                reverse=True,
+            )
+            for old in records[KNOWN_HASHES_KEEP:]:
+                old.unlink()
 
     def discard(self, entry: CacheEntry) -> None:
         shutil.rmtree(entry.folder, ignore_errors=True)

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from pipeline import errors
 from pipeline.errors import VoxmillError
 from pipeline.host import HostInfo, detect_host
-from pipeline.model_cache import CacheEntry, ModelCache, cache_key, save_options
+from pipeline.model_cache import CacheEntry, ModelCache, cache_key, file_identity, save_options
 from pipeline.providers import (
     CPU,
     ProviderChoice,
@@ -47,6 +47,7 @@ from pipeline.settings import Settings
 
 log = logging.getLogger("voxmill.sessions")
 
+RACY_MARGIN_NS = 1_000_000_000  # a file changed this recently is hashed, never remembered
 LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/"
 ORT_DTYPES = {"float32": "tensor(float)", "int32": "tensor(int32)", "int64": "tensor(int64)"}
 DTYPE_KINDS = {
@@ -110,9 +111,12 @@ def read_model_bytes(path: Path) -> bytes:
     return data
 
 
-def hash_model_file(path: Path) -> str:
-    """The sha256 of the model file, read in chunks (never whole in memory); errors as `read_model_bytes`."""
-    with PinnedModelFile(path) as pinned:
+def hash_model_file(path: Path, known: ModelCache | None = None, check_head: bool = True) -> str:
+    """The sha256 of the model file, read in chunks (never whole in memory), or known (`PinnedModelFile`).
+
+    Errors as `read_model_bytes`; `check_head` False hashes an empty file or a git-lfs pointer too.
+    """
+    with PinnedModelFile(path, known, check_head) as pinned:
         return pinned.sha256
 
 
@@ -124,19 +128,29 @@ class PinnedModelFile:
     `check_unchanged()` after building catches a file written in place (or, without
     `/proc`, replaced) while it was read. Opening and hashing raise `model_error` as
     `read_model_bytes` does.
+
+    With `known` (the optimized-model cache), a file this machine already hashed, unchanged
+    since (same identity: `model_cache.file_identity`), takes its sha256 from there instead of
+    being read (`hashed` False); a file hashed here is recorded for the next load.
     """
 
     CHUNK_BYTES = 8 * 1024 * 1024
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, known: ModelCache | None = None, check_head: bool = True) -> None:
         self.path = path
+        self.check_head = check_head
+        opened_at_ns = time.time_ns()
         try:
             self.fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise _unreadable(path, exc) from None
         try:
             self.opened = os.fstat(self.fd)
-            self.sha256 = self._hash()
+            remembered = known.known_sha256(self.opened) if known is not None else None
+            self.hashed = remembered is None
+            self.sha256 = remembered or self._hash()
+            if known is not None and self.hashed and self._settled_before(opened_at_ns):
+                known.remember_sha256(self.opened, self.sha256)
         except BaseException:
             os.close(self.fd)
             raise
@@ -149,18 +163,30 @@ class PinnedModelFile:
         try:
             with open(self.fd, "rb", closefd=False) as stream:
                 while chunk := stream.read(self.CHUNK_BYTES):
-                    if size == 0:
+                    if size == 0 and self.check_head:
                         _check_model_head(self.path, chunk, len(chunk))
                     digest.update(chunk)
                     size += len(chunk)
         except OSError as exc:
             raise _unreadable(self.path, exc) from None
-        _check_model_head(self.path, b"", size)
+        if self.check_head:
+            _check_model_head(self.path, b"", size)
         return digest.hexdigest()
+
+    def _settled_before(self, opened_at_ns: int) -> bool:
+        """Unchanged while hashed, and last changed well before it was opened.
+
+        File times tick coarsely (a few ms): a write landing in the same tick as the previous
+        one could leave the identity unchanged. A file last changed `RACY_MARGIN_NS` before it
+        was opened cannot: any later write stamps a later time (git's "racy clean" rule).
+        """
+        last_change_ns = max(self.opened.st_mtime_ns, self.opened.st_ctime_ns)
+        unchanged = file_identity(os.fstat(self.fd)) == file_identity(self.opened)
+        return unchanged and last_change_ns < opened_at_ns - RACY_MARGIN_NS
 
     def check_unchanged(self) -> None:
         """`model_error` when the file was written in place (or, read by path, replaced) since hashing."""
-        now = os.fstat(self.fd)
+        now = os.fstat(self.fd)  # not the change time: unlinking the file (a rename over it) sets it
         changed = (now.st_size, now.st_mtime_ns) != (self.opened.st_size, self.opened.st_mtime_ns)
         if not changed and self.source == str(self.path):
             with contextlib.suppress(OSError):
@@ -312,9 +338,10 @@ class ModelSession:
         choice = choose_providers(options.provider, available, options.provider_options)
         cache_state = "off"
         if choice.providers == [(CPU, {})]:
-            with PinnedModelFile(path) as pinned:
+            cache = options.model_cache()
+            with PinnedModelFile(path, known=cache) as pinned:
                 _check_expected(path, pinned.sha256, expected_sha256)
-                built, cache_state = _cpu_session(ort, pinned, spec, options, choice)
+                built, cache_state = _cpu_session(ort, pinned, cache, spec, options, choice)
         else:  # GPU: TensorRT has its own engine cache, and reads its shape profile from the bytes
             built = _session_from_bytes(ort, path, spec, options, available, host, expected_sha256)
         session, choice, engine_dir, sha256 = built
@@ -479,10 +506,14 @@ def _session_from_cache(
 
 
 def _cpu_session(
-    ort: Any, pinned: PinnedModelFile, spec: RoleSpec, options: SessionOptions, choice: ProviderChoice
+    ort: Any,
+    pinned: PinnedModelFile,
+    cache: ModelCache | None,
+    spec: RoleSpec,
+    options: SessionOptions,
+    choice: ProviderChoice,
 ) -> tuple[Built, str]:
     """A CPU session from the cache entry of the sha256, else from the open file; and its cache state."""
-    cache = options.model_cache()
     if cache is None:
         return _session_from_file(ort, pinned, spec, options, choice, None), "off"
     key = cache_key(pinned.sha256, ort.__version__)

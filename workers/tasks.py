@@ -9,6 +9,7 @@ load that a later generation may fix) is retried, with bounded backoff.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from celery import Celery, Task, signals
 
 from pipeline import errors
 from pipeline.errors import VoxmillError
-from pipeline.extraction import process
+from pipeline.extraction import SERVING_IMPORTS, process
 from pipeline.paths import resolve_allowed_path
 from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult
 from pipeline.settings import Settings
@@ -311,6 +312,12 @@ def register(app: Celery, settings: Settings) -> Runner:
     return runner
 
 
+def import_serving_modules() -> None:
+    """Import what serving needs in the main process, before the pool forks (import only: fork-safe)."""
+    for module in SERVING_IMPORTS:
+        importlib.import_module(module)
+
+
 def install_worker_hooks(app: Celery, settings: Settings, runner: Runner) -> None:
     """Load models after fork (prefork, solo) or at worker start (threads); log our way."""
 
@@ -319,6 +326,8 @@ def install_worker_hooks(app: Celery, settings: Settings, runner: Runner) -> Non
             return
         opts = options or {}
         runner.holder.configure(queues_from_options(opts, QUEUES), pool_name(opts.get("pool_cls")))
+        if runner.holder.pool == "prefork":
+            import_serving_modules()
         if settings.metrics_port:
             metrics.prepare_multiprocess()  # before the pool forks
 

@@ -24,7 +24,6 @@ from pipeline.errors import VoxmillError
 from pipeline.registry import Registry
 from pipeline.settings import Settings
 
-PRELOAD = ["onnxruntime", "pipeline.extraction", "scipy.sparse", "scipy.fft"]
 EXIT_GRACE_S = 10.0
 
 
@@ -80,7 +79,9 @@ class Validator:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload(PRELOAD)
+        from pipeline.extraction import SERVING_IMPORTS
+
+        self.context.set_forkserver_preload(list(SERVING_IMPORTS))
 
     def validate(self, path: Path, role: str) -> Validation:
         """Load, check and warm up `path` as a `role` model in a child process."""

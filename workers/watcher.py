@@ -11,7 +11,10 @@ One watcher runs per model folder (per machine). What it does with a file:
    catches what events miss (network file systems, a symlinked model file whose blob changes).
 2. **Waits until it settles.** A role's file is a candidate once its stamp (path, inode, size,
    mtime) held still for `watch_quiet_s` and, where the platform reports it (inotify), its writer
-   closed it; a file held open without writes for `watch_writing_max_s` settles anyway.
+   closed it; a file held open without writes for `watch_writing_max_s` settles anyway. It is
+   hashed once, and with the optimized-model cache on the sha256 is recorded for this machine
+   (`pipeline.model_cache`, known hashes): the validator and every worker loading the unchanged
+   file take it from there instead of reading half a gigabyte again.
 3. **Validates it in a separate process** (`workers.validation`) with the workers' provider
    settings: load, signature check against the registry, warm-up on the reference clip, outputs
    finite (`pipeline.extraction.open_session`). A crash or a hang of the validator
@@ -37,7 +40,6 @@ cluster back.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import queue
@@ -71,6 +73,7 @@ from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from pipeline.errors import VoxmillError
 from pipeline.registry import Registry
+from pipeline.sessions import SessionOptions, hash_model_file
 from pipeline.settings import Settings
 from workers import generations
 from workers.holder import FileStamp
@@ -79,7 +82,6 @@ from workers.validation import Validation, Validator
 log = logging.getLogger("voxmill.watcher")
 TICK_S = 0.1
 RESCAN_S = 2.0
-HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
 # What an event says about the file it names.
 LANDED = "landed"  # created, moved in, attributes changed: check it once it is quiet
@@ -191,15 +193,6 @@ def startup_should_publish(published: dict[str, str], sha256: str, changed_at: f
 
 
 # -- the watcher process ----------------------------------------------------------------------
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def last_change_time(path: Path) -> float:
     """When the file last changed (content, or moved/linked into place): max(ctime, mtime)."""
     st = path.stat()
@@ -266,6 +259,7 @@ class Watcher:
         self.host = socket.gethostname()
         self.debouncer = Debouncer(settings.watch_quiet_s, settings.watch_writing_max_s)
         self.validator = Validator(settings)
+        self.known_hashes = SessionOptions.from_settings(settings).model_cache()
         self.changes: queue.Queue[Change] = queue.Queue()
         self.reports_close = False
         self._target: Path | None = None
@@ -387,7 +381,11 @@ class Watcher:
         if path is None or stamp is None:
             self._missing(role)
             return
-        sha256 = sha256_file(path)
+        try:  # recorded for the validator and the workers on this machine: they need not hash it again
+            sha256 = hash_model_file(path, self.known_hashes, check_head=False)
+        except VoxmillError:  # gone meanwhile
+            self._missing(role)
+            return
         current = generations.published(self.client, role)
         if current.get("sha256") == sha256:
             log.info("%s: %s unchanged (generation %s)", role, path.name, current.get("generation"))

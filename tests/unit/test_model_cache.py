@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from pipeline.extraction import embedder_inputs, open_session, tokenizer_inputs
 from pipeline.features import whisper_log_mel
 from pipeline.model_cache import ENTRY_FILE, MODEL_FILE, ModelCache, cache_key, cpu_fingerprint
 from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
+from pipeline.sessions import RACY_MARGIN_NS, ModelSession, PinnedModelFile, SessionOptions
 from pipeline.settings import Settings
 from pipeline.standin import make_standins
 
@@ -161,3 +162,59 @@ def test_settings_turn_the_cache_on_by_default_and_off_on_request() -> None:
     assert SessionOptions.from_settings(Settings()).model_cache_dir == Path(".voxmill/ort-cache")
     off = Settings.load(environ={"VOXMILL_MODEL_CACHE": "false"})
     assert SessionOptions.from_settings(off).model_cache_dir is None
+
+
+def settled_copy(source: Path, target: Path) -> Path:
+    """A copy whose last change is older than the racy margin, so a hash of it is remembered."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(source.read_bytes())
+    time.sleep(RACY_MARGIN_NS / 1e9 + 0.1)
+    return target
+
+
+def test_a_hashed_unchanged_file_is_not_read_again(models: Path, tmp_path: Path) -> None:
+    cache = ModelCache(tmp_path / "cache")
+    assert cache.usable()
+    path = settled_copy(model_path(models, "embedder"), tmp_path / "m" / "campplus.onnx")
+    truth = hashlib.sha256(path.read_bytes()).hexdigest()
+    with PinnedModelFile(path, known=cache) as first:
+        assert first.hashed and first.sha256 == truth
+    with PinnedModelFile(path, known=cache) as second:
+        assert not second.hashed and second.sha256 == truth
+    session = ModelSession.load(path, "embedder", options(tmp_path / "cache"), REGISTRY)
+    assert session.sha256 == truth and session.cache_state == "built"
+    assert (
+        ModelSession.load(path, "embedder", options(tmp_path / "cache"), REGISTRY).cache_state == "hit"
+    )
+
+
+def test_a_file_rewritten_in_place_with_its_old_size_and_mtime_is_hashed_again(
+    models: Path, tmp_path: Path
+) -> None:
+    cache = ModelCache(tmp_path / "cache")
+    assert cache.usable()
+    path = settled_copy(model_path(models, "embedder"), tmp_path / "m" / "campplus.onnx")
+    with PinnedModelFile(path, known=cache) as first:
+        old = first.sha256
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # same size, other content
+    with path.open("r+b") as stream:  # in place: same inode
+        stream.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the old modification time back
+    assert path.stat().st_ino == before.st_ino and path.stat().st_size == before.st_size
+    with PinnedModelFile(path, known=cache) as second:
+        assert second.hashed and second.sha256 == hashlib.sha256(bytes(data)).hexdigest() != old
+
+
+def test_a_file_changed_just_before_it_was_hashed_is_not_remembered(models: Path, tmp_path: Path) -> None:
+    cache = ModelCache(tmp_path / "cache")
+    assert cache.usable()
+    path = tmp_path / "m" / "campplus.onnx"
+    path.parent.mkdir()
+    path.write_bytes(model_path(models, "embedder").read_bytes())  # just written: racy
+    with PinnedModelFile(path, known=cache):
+        pass
+    with PinnedModelFile(path, known=cache) as again:
+        assert again.hashed
+    assert not cache.known_sha256(path.stat())
