@@ -825,6 +825,20 @@ def later_change_notes(folder: Path) -> Lines:
         "second; parity against torchaudio, worst fixture overall 4.3e-03 → 5.5e-03 (tolerance 1e-2), "
         "above -5 unchanged at 1.3e-04 (tolerance 5e-4); full CAM++ stand-in embeddings against the "
         "float64 fbank: cosine ≥ 0.99999994 over 10 clips. Kept.",
+        "10. **CPU sessions from the open model file** (`pipeline/sessions.py`, `PinnedModelFile`): the "
+        "file is opened once, hashed through its descriptor, and ONNX Runtime reads the same open file "
+        "(`/proc/self/fd/N`) instead of a copy of its bytes made in Python. First load of the full "
+        "tokenizer (builds the cache entry), fresh processes interleaved, 3 each, on this VM "
+        "(2026-11-30T05:24, a VM about 2.8 times slower than for the runs above): 4.0–4.9 s → 2.2–2.6 s, "
+        "peak RSS 1516 → 1190 MB; same sha256 and outputs (the memory table's `voxmill-first` row). Kept.",
+        "11. **Known hashes** (`pipeline/model_cache.py`, `known_sha256`): the sha256 of a model file "
+        "this machine already hashed is recorded under the file's identity (device, inode, size, "
+        "mtime, ctime), so loading an unchanged file does not read it again. Full tokenizer, cache hit, "
+        "fresh processes interleaved, 5 each (2026-11-30T05:57, same slow VM): 1.02 s (0.94–1.11) → "
+        "0.58 s (0.51–0.67). With 10, and prefork workers importing ONNX Runtime and the feature code "
+        "before forking: a full tokenizer reload under load (`python -m benchmarks.reload --profile "
+        "full --roles tokenizer`), file settled → both workers on the new sha256, 15.2 s → 10.1 s "
+        "(validation 9.9 → 6.2 s; the workers' part 5.3 → 3.4 s), 0 failed jobs. Kept.",
     ]
     return [*lines, ""] if lines else []
 

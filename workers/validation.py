@@ -1,9 +1,10 @@
 """Validating a candidate model file in a separate process, before any worker loads it.
 
 The check is what a worker does at load (`pipeline.extraction.open_session`), with the workers'
-provider settings: read the bytes once, check the signature against the registry, warm up on
-the reference clip, check the outputs are finite. It runs in a child process, so a file that
-crashes or hangs ONNX Runtime costs a rejection, never the watcher.
+provider settings: hash the file once, check the signature against the registry, run the
+reference clip once (a worker warms up with `warmup_runs`), check the outputs are finite. It
+runs in a child process, so a file that crashes or hangs ONNX Runtime costs a rejection, never
+the watcher.
 
 Children are forked from a multiprocessing *forkserver* that imported ONNX Runtime, numpy,
 the feature code and scipy once: a validation costs the model's own load and
@@ -56,8 +57,11 @@ def validate_here(path: Path, role: str, settings: Settings) -> dict[str, Any]:
     from pipeline.extraction import open_session
     from pipeline.sessions import SessionOptions
 
+    # One warm-up run checks what a validation must (the model runs, its outputs are finite);
+    # the workers' further runs only steady their latency.
+    options = replace(SessionOptions.from_settings(settings), warmup_runs=1)
     try:
-        session = open_session(path, role, SessionOptions.from_settings(settings), Registry.load())
+        session = open_session(path, role, options, Registry.load())
     except VoxmillError as exc:
         return {"ok": False, "reason": exc.message}
     except Exception as exc:  # anything that makes the file unusable is a rejection
