@@ -860,7 +860,7 @@ def before_after(folder: Path) -> Lines:
         lines.pop()  # one numbered list
     lines += later
     if now and snapshots:
-        columns = [*snapshots, ("now: 1–9", now)]
+        columns = [*snapshots, ("now: 1–11", now)]
         rows = []
         for op in now["ops"]:
             for label, key, digits in (
@@ -893,8 +893,11 @@ def before_after(folder: Path) -> Lines:
             + measured
             + "; `baseline/`, `step-fbank/` and `step-blas/` hold their result files). Ratios are taken "
             "within each run, so the machine's load "
-            "at the time mostly cancels out; walls are not comparable across runs (the VM ran about 2.5 "
-            "times faster for the last column: fixed costs weigh more against a shorter run). The stage "
+            "at the time mostly cancels out; walls are not comparable across runs, and neither are "
+            "shares that fixed costs drive: the VM's speed varied between sessions by up to about 3 "
+            "times (the first three columns and the last were measured on its slow days; 1–9, on 2026-11-30 "
+            "at 04:39 on a fast one, gave whole process 0.883 / 0.658, per-utterance non-inference 2.4 % / "
+            "11.4 % for tokenize / embed), and fixed costs weigh more against a shorter run. The stage "
             "shares come from each run's median `voxmill extract`.",
             "",
         ]

@@ -148,6 +148,9 @@ class PinnedModelFile:
             self.opened = os.fstat(self.fd)
             remembered = known.known_sha256(self.opened) if known is not None else None
             self.hashed = remembered is None
+            if remembered and check_head:  # still refused as precisely as when it is read
+                head = os.pread(self.fd, len(LFS_POINTER_PREFIX), 0)
+                _check_model_head(path, head, self.opened.st_size)
             self.sha256 = remembered or self._hash()
             if known is not None and self.hashed and self._settled_before(opened_at_ns):
                 known.remember_sha256(self.opened, self.sha256)

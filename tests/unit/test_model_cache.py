@@ -218,3 +218,18 @@ def test_a_file_changed_just_before_it_was_hashed_is_not_remembered(models: Path
     with PinnedModelFile(path, known=cache) as again:
         assert again.hashed
     assert not cache.known_sha256(path.stat())
+
+
+def test_a_remembered_git_lfs_pointer_is_still_named_as_such(tmp_path: Path) -> None:
+    cache = ModelCache(tmp_path / "cache")
+    assert cache.usable()
+    pointer = tmp_path / "m" / "campplus.onnx"
+    pointer.parent.mkdir()
+    pointer.write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 1\n")
+    time.sleep(RACY_MARGIN_NS / 1e9 + 0.1)
+    with PinnedModelFile(pointer, known=cache, check_head=False) as watched:  # the watcher hashes anything
+        assert watched.hashed
+    assert cache.known_sha256(pointer.stat()) == watched.sha256
+    with pytest.raises(VoxmillError) as caught:
+        ModelSession.load(pointer, "embedder", options(tmp_path / "cache"), REGISTRY)
+    assert "git-lfs pointer" in caught.value.message
