@@ -383,8 +383,11 @@ class Watcher:
             return
         try:  # recorded for the validator and the workers on this machine: they need not hash it again
             sha256 = hash_model_file(path, self.known_hashes, check_head=False)
-        except VoxmillError:  # gone meanwhile
-            self._missing(role)
+        except VoxmillError as exc:
+            if path.exists():  # there, but unreadable (permissions): a rejection that says why
+                self._reject(role, path, "", Validation(ok=False, reason=exc.message))
+            else:  # gone meanwhile
+                self._missing(role)
             return
         current = generations.published(self.client, role)
         if current.get("sha256") == sha256:
