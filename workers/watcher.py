@@ -16,7 +16,7 @@ One watcher runs per model folder (per machine). What it does with a file:
    (`pipeline.model_cache`, known hashes): the validator and every worker loading the unchanged
    file take it from there instead of reading half a gigabyte again.
 3. **Validates it in a separate process** (`workers.validation`) with the workers' provider
-   settings: load, signature check against the registry, warm-up on the reference clip, outputs
+   settings: load, signature check against the registry, one run of the reference clip, outputs
    finite (`pipeline.extraction.open_session`). A crash or a hang of the validator
    (`watch_validate_timeout_s`) is a rejection, never a dead watcher.
 4. **Publishes or rejects.** Accepted: a new generation record in Redis (`workers.generations`),
