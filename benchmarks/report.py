@@ -812,11 +812,12 @@ def later_change_notes(folder: Path) -> Lines:
         lines += [
             "8. **Automatic shard size** (`pipeline/corpus.py`, `auto_shard_size`): `shard_size` (32) became "
             "the largest shard; a corpus too small to give every worker process about six shards is cut "
-            "finer. The scaling corpus (60 clips), 2 processes, end to end: 14.7 s with 2 shards of 32 "
-            "per op (1.34× over 1 process; run of 2026-11-30T03:29 on this VM) → "
-            f"{secs(walls['2x1'])} automatic"
-            + (f" ({secs(walls[small])} with `--shard-size {small_size}`)" if small and small_size else "")
-            + f", {fmt(scaling['end_to_end']['speedup_2_vs_1_process'], 2, '×')} over 1 process. Kept.",
+            "finer. The scaling corpus (60 clips), 2 processes vs 1, end to end: with 2 shards of 32 "
+            "per op 1.34× (run of 2026-11-30T03:29, 14.7 s on a fast VM day) → automatic "
+            f"{fmt(scaling['end_to_end']['speedup_2_vs_1_process'], 2, '×')} in the scaling section's "
+            f"run ({secs(walls['2x1'])}"
+            + (f"; {secs(walls[small])} with `--shard-size {small_size}`" if small and small_size else "")
+            + "). Kept.",
         ]
     lines += [
         "9. **fbank frames in float32** (`pipeline/features.py`, `kaldi_fbank`): the frames, FFT and mel "
