@@ -12,7 +12,7 @@ from pipeline.engines import EngineBuild, installed_engine_status
 from pipeline.errors import VoxmillError
 from pipeline.extraction import open_session
 from pipeline.registry import Registry
-from pipeline.sessions import SessionOptions, read_model_bytes, sha256_bytes
+from pipeline.sessions import SessionOptions, hash_model_file
 from pipeline.settings import Settings
 
 
@@ -36,7 +36,7 @@ def describe_file(
     """Size, sha256, recognised variant, and (with `load`) load/warm-up results of one file."""
     row: dict[str, Any] = {"role": role, "file": path.name, "path": str(path), "size": path.stat().st_size}
     try:
-        sha256 = sha256_bytes(read_model_bytes(path))
+        sha256 = hash_model_file(path)  # streamed: listing never holds a model in memory
         identified = registry.identify(role, path.name, sha256)
         row.update(
             sha256=sha256,

@@ -203,3 +203,17 @@ def test_verify_reports_the_engine_per_model(tiny_models: Path) -> None:
     for row in rows:
         expected = "n/a" if not HAS_TENSORRT else row["engine"]["state"]
         assert row["engine"]["state"] == expected
+
+
+def test_list_names_each_model_by_the_sha256_of_its_bytes_and_a_pointer_as_such(
+    tiny_models: Path, tmp_path: Path
+) -> None:
+    done = voxmill("models", "list", str(tiny_models), "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {row["role"]: row for row in json.loads(done.stdout)}
+    for row in rows.values():
+        assert row["ok"] and row["sha256"] == sha256_bytes(Path(row["path"]).read_bytes())
+    (tmp_path / "campplus.onnx").write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:00\n")
+    pointer = voxmill("models", "list", str(tmp_path), "--json")
+    listed = {row["role"]: row for row in json.loads(pointer.stdout)}
+    assert not listed["embedder"]["ok"] and "git-lfs pointer" in listed["embedder"]["error"]["message"]
