@@ -351,8 +351,6 @@ class ModelSession:
         if choice.warning:
             log.warning("%s: %s", path.name, choice.warning)
         check_signature(spec, path.name, session.get_inputs(), session.get_outputs())
-        if choice.providers == [(CPU, {})]:
-            _release_model_bytes(session)
         identified = registry.identify(role, path.name, sha256)
         ref = ModelRef(role=role, file=path.name, sha256=sha256)
         loaded = cls(
@@ -599,16 +597,6 @@ def _check_expected(path: Path, sha256: str, expected_sha256: str | None) -> Non
             f"{path} has sha256 {sha256[:12]}…, expected {expected_sha256[:12]}… "
             "(the file changed while it was read)",
         )
-
-
-def _release_model_bytes(session: Any) -> None:
-    """Drop the copy of the model ONNX Runtime's Python wrapper keeps (about the file's size).
-
-    The wrapper keeps it only to rebuild the session on a GPU provider's failure; a CPU-only
-    session never does that.
-    """
-    if getattr(session, "_model_bytes", None) is not None:
-        session._model_bytes = None
 
 
 def _load_failure_message(path: Path, reason: str) -> str:
