@@ -9,6 +9,8 @@ of watchers, restarts and machines holding the same file agree on one generation
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from typing import Any
 
@@ -73,3 +75,39 @@ def record_rejection(client: redis.Redis, role: str, fields: dict[str, Any]) -> 
     pipe.hset(key, mapping={"time": f"{time.time():.3f}", **{k: str(v) for k, v in fields.items()}})
     pipe.hincrby(key, "count", 1)
     pipe.execute()
+
+
+def announce_candidate(
+    client: redis.Redis, host: str, role: str, fields: dict[str, Any], ttl_s: float
+) -> None:
+    """Say that `host`'s watcher validates a candidate (sha256, file...) for `role`, and wake the workers.
+
+    Workers on `host` use it to stand one process aside, so that the validation gets a core
+    (`workers.holder`). The record expires after `ttl_s` if the watcher dies meanwhile.
+    """
+    record = json.dumps({"since": round(time.time(), 3), "host": host, **fields})
+    pipe = client.pipeline()
+    pipe.set(keys.CANDIDATE.format(host=host, role=role), record, ex=max(1, math.ceil(ttl_s)))
+    pipe.publish(keys.GENERATION_CHANNEL, role)
+    pipe.execute()
+
+
+def withdraw_candidate(client: redis.Redis, host: str, role: str) -> None:
+    """The validation of `host`'s candidate for `role` is over (published or rejected)."""
+    client.delete(keys.CANDIDATE.format(host=host, role=role))
+
+
+def candidate(client: redis.Redis, host: str, role: str) -> dict[str, Any]:
+    """The candidate `host`'s watcher is validating for `role` ({} when none)."""
+    raw = client.get(keys.CANDIDATE.format(host=host, role=role))
+    return dict(json.loads(raw)) if raw else {}
+
+
+def candidates(client: redis.Redis, role: str) -> list[dict[str, Any]]:
+    """Every machine's candidate under validation for `role`."""
+    found = []
+    for key in client.scan_iter(match=keys.CANDIDATE_PATTERN.format(role=role), count=500):
+        raw = client.get(key)
+        if raw:
+            found.append(dict(json.loads(raw)))
+    return found

@@ -55,6 +55,8 @@ HEARTBEAT_MIN_GAP_S = 0.25  # a finished task is shown this soon; more tasks in 
 RELOAD_SLOT_TTL_S = 300
 SLOT_RETRY_S = 0.1
 SLOT_COUNT_TTL_S = 10.0
+ASIDE_TTL_S = 120  # the aside lock outlives a dead process by at most this long
+ASIDE_WAIT_MAX_S = 30.0  # a task waits at most this long for a process standing aside
 
 
 class ModelUnavailable(Exception):
@@ -131,7 +133,10 @@ class ModelHolder:
         self._activity = threading.Event()  # a task finished since the last heartbeat
         self._threads: list[threading.Thread] = []
         self._redis: redis.Redis | None = None
-        self._slot: str | None = None
+        self._slots: dict[str, str] = {}  # role -> the reload slot this process holds for it
+        self._aside_key: str | None = None  # the machine's aside lock, while this process holds it
+        self._in_rotation = threading.Event()  # cleared while this process stands aside
+        self._in_rotation.set()
         self.metrics = NoMetrics()
         self._slot_counts: dict[str, tuple[float, int]] = {}
 
@@ -166,6 +171,9 @@ class ModelHolder:
         self._activity.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        self._rejoin()
+        for role in list(self._slots):
+            self._release_reload_slot(role)
         with contextlib.suppress(redis.RedisError):
             if self._redis is not None:
                 self._redis.delete(keys.WORKER.format(worker_id=self.worker_id))
@@ -214,6 +222,9 @@ class ModelHolder:
         A swap only replaces the holder's reference; the task keeps the session it started
         with, which is released when its last user is done.
         """
+        if not self._in_rotation.is_set() and not self._in_rotation.wait(ASIDE_WAIT_MAX_S):
+            log.warning("worker %s stood aside for %.0f s; serving again", self.worker_id, ASIDE_WAIT_MAX_S)
+            self._in_rotation.set()
         with self._swap_lock:
             missing = [role for role in roles if role not in self.sessions]
             if missing:
@@ -250,6 +261,7 @@ class ModelHolder:
             "last_seen": now,
             "tasks_done": self.tasks_done,
             "tasks_last_minute": len(self._recent),
+            "aside": not self._in_rotation.is_set(),
         }
 
     # -- background: heartbeat ---------------------------------------------------------------
@@ -294,6 +306,7 @@ class ModelHolder:
                 log.warning(
                     "worker %s: Redis unavailable (%s); retrying in %.0f s", self.worker_id, exc, backoff_s
                 )
+                self._rejoin()
                 _closed(listener)
                 listener = None
                 self._stop.wait(backoff_s)
@@ -310,11 +323,30 @@ class ModelHolder:
             message = listener.get_message(timeout=0)
 
     def check_generations(self) -> bool:
-        """Reload every role whose published sha256 differs; True when one waits for a reload slot."""
+        """Reload every role whose published sha256 differs; True when one waits (a slot, a verdict).
+
+        While this machine's watcher validates a candidate for a role, the process that takes
+        the role's reload slot first stands aside (`_stand_aside`) until the verdict, so the
+        validation gets its core, and then loads the new generation first.
+        """
         waiting = False
         for role in self.roles:
             waiting = self._maybe_reload(role) or waiting
-        return waiting
+        awaiting = [role for role in self.roles if self._awaiting_verdict(role)]
+        if awaiting:
+            self._stand_aside()
+        else:
+            self._rejoin()
+        return waiting or bool(awaiting)
+
+    def _awaiting_verdict(self, role: str) -> bool:
+        """Hold the role's reload slot while this machine validates a new candidate for it."""
+        current = self.sessions.get(role)
+        pending = generations.candidate(self._redis, socket.gethostname(), role) if self._redis else {}
+        if current is None or not pending or pending.get("sha256") == current.sha256:
+            self._release_reload_slot(role)
+            return False
+        return self._take_reload_slot(role)
 
     def _published(self, role: str) -> dict[str, str]:
         if self._redis is None:
@@ -346,15 +378,16 @@ class ModelHolder:
             return False
         if not self._take_reload_slot(role):
             return True
+        self._stand_aside()
         try:
             candidate = self._load_beside(role, path, sha256 if current is not None else None)
+            self._swap(role, candidate, generation if candidate.sha256 == sha256 else None)
         except Exception as exc:  # out of memory, a bad file, a provider error: keep the old session
             reason = exc.message if isinstance(exc, VoxmillError) else f"{type(exc).__name__}: {exc}"
             self._fail(role, sha256, generation, stamp, reason)
-            return False
         finally:
+            self._rejoin()
             self._release_reload_slot(role)
-        self._swap(role, candidate, generation if candidate.sha256 == sha256 else None)
         return False
 
     def _load_beside(self, role: str, path: Path, expected_sha256: str | None) -> ModelSession:
@@ -433,13 +466,17 @@ class ModelHolder:
         self._heartbeat_safely()
 
     def _take_reload_slot(self, role: str) -> bool:
+        """Hold one of the machine's reload slots for `role` (kept, and refreshed, if held already)."""
         if self._redis is None:
             return True
-        self._slot = None
+        held = self._slots.get(role)
+        if held is not None:
+            self._redis.expire(held, RELOAD_SLOT_TTL_S)
+            return True
         for slot in range(self._slot_count(role)):
             key = keys.RELOAD_SLOT.format(host=socket.gethostname(), role=role, slot=slot)
             if self._redis.set(key, self.worker_id, nx=True, ex=RELOAD_SLOT_TTL_S):
-                self._slot = key
+                self._slots[role] = key
                 return True
         return False
 
@@ -447,23 +484,65 @@ class ModelHolder:
         """`reload_slots`, or (0) half of this machine's live processes serving `role`, at least 1."""
         if self.settings.reload_slots > 0 or self._redis is None:
             return max(1, self.settings.reload_slots)
+        return max(1, self._peer_count(role) // 2)
+
+    def _peer_count(self, role: str) -> int:
+        """This machine's live processes (this one included) serving `role`, counted every 10 s."""
         counted_at, count = self._slot_counts.get(role, (-math.inf, 1))
-        if time.monotonic() - counted_at > SLOT_COUNT_TTL_S:
+        if self._redis is not None and time.monotonic() - counted_at > SLOT_COUNT_TTL_S:
             pattern = keys.WORKER.format(worker_id=f"{socket.gethostname()}:*")
-            peers = 0
+            count = 0
             for key in self._redis.scan_iter(match=pattern, count=500):
                 raw = self._redis.get(key)
-                peers += 1 if raw and role in json.loads(raw).get("models", {}) else 0
-            count = max(1, peers // 2)
+                count += 1 if raw and role in json.loads(raw).get("models", {}) else 0
             self._slot_counts[role] = (time.monotonic(), count)
         return count
 
     def _release_reload_slot(self, role: str) -> None:
-        if self._redis is not None and self._slot is not None:
+        key = self._slots.pop(role, None)
+        if self._redis is not None and key is not None:
             with contextlib.suppress(redis.RedisError):
-                if self._redis.get(self._slot) == self.worker_id.encode():
-                    self._redis.delete(self._slot)
-        self._slot = None
+                if self._redis.get(key) == self.worker_id.encode():
+                    self._redis.delete(key)
+
+    # -- background: standing aside -----------------------------------------------------------
+    def _stand_aside(self) -> bool:
+        """Take no new task while this process reloads, when others keep serving; True if aside.
+
+        On a machine whose cores are all serving, a load (or the watcher's validation) that
+        competes with serving takes several times longer than on an idle core, and slows the
+        serving beside it. So the one process of a machine holding the aside lock
+        (`keys.ASIDE`) stops taking tasks while it waits for the verdict on a candidate and
+        while it loads: the others serve at full speed, the reload gets its core. A process
+        stands aside only when every role it serves has another live process on the machine;
+        alone (or when another process stands aside) it loads beside serving, as before. A
+        task that arrives meanwhile waits (at most `ASIDE_WAIT_MAX_S`), then runs on the new
+        session.
+        """
+        if self._aside_key is not None:
+            if self._redis is not None:
+                self._redis.expire(self._aside_key, ASIDE_TTL_S)
+            return True
+        if self._redis is None or any(self._peer_count(role) < 2 for role in self.roles):
+            return False
+        key = keys.ASIDE.format(host=socket.gethostname())
+        if not self._redis.set(key, self.worker_id, nx=True, ex=ASIDE_TTL_S):
+            return False
+        self._aside_key = key
+        self._in_rotation.clear()
+        log.info("worker %s stands aside (takes no task) while it reloads", self.worker_id)
+        self._heartbeat_safely()
+        return True
+
+    def _rejoin(self) -> None:
+        """Take tasks again (a no-op unless standing aside)."""
+        key, self._aside_key = self._aside_key, None
+        self._in_rotation.set()
+        if key is not None and self._redis is not None:
+            with contextlib.suppress(redis.RedisError):
+                if self._redis.get(key) == self.worker_id.encode():
+                    self._redis.delete(key)
+            self._heartbeat_safely()
 
 
 def _local_mismatch(

@@ -21,3 +21,8 @@ COMPLETIONS = PREFIX + ":completions"
 SHARD_RESULT = PREFIX + ":shard-result:{task_id}"
 # Short-lived locks limiting how many processes of one machine reload a role at the same time.
 RELOAD_SLOT = PREFIX + ":reload-slot:{host}:{role}:{slot}"
+# The candidate a machine's watcher is validating for a role (JSON: sha256, file, since); expires.
+CANDIDATE = PREFIX + ":candidate:{host}:{role}"
+CANDIDATE_PATTERN = PREFIX + ":candidate:*:{role}"
+# Lock: the one process of a machine standing aside (taking no task) while it reloads.
+ASIDE = PREFIX + ":aside:{host}"

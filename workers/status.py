@@ -37,8 +37,9 @@ def count_ready_workers(client: redis.Redis, parent_pid: int | None = None) -> i
 
 
 def model_status(client: redis.Redis, workers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per role: the published generation, the last rejection, which workers serve which sha256,
-    and the workers that failed to load the published generation (with their reason)."""
+    """Per role: the published generation, the last rejection, the candidates being validated
+    (one per machine at most), which workers serve which sha256, and the workers that failed to
+    load the published generation (with their reason)."""
     models: dict[str, Any] = {}
     for role in ROLES:
         serving: dict[str, list[str]] = {}
@@ -53,6 +54,7 @@ def model_status(client: redis.Redis, workers: list[dict[str, Any]]) -> dict[str
         models[role] = {
             "published": generations.published(client, role) or None,
             "last_rejection": generations.last_rejection(client, role) or None,
+            "validating": generations.candidates(client, role),
             "serving": serving,
             "reload_failures": failures,
         }

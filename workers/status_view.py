@@ -42,7 +42,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         if w.get("load_errors"):
             models += " [red](" + escape("; ".join(w["load_errors"].values())) + ")[/red]"
         workers.add_row(
-            w["worker_id"],
+            w["worker_id"] + (" [yellow](aside: reloading)[/yellow]" if w.get("aside") else ""),
             ",".join(w.get("queues", [])),
             w.get("pool", ""),
             models,
@@ -60,9 +60,10 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         serving = "; ".join(f"{_short(sha)}: {len(ids)} proc" for sha, ids in info.get("serving", {}).items())
         failed = info.get("reload_failures", {})
         failures = escape("; ".join(f"{worker_id}: {f['reason']}" for worker_id, f in failed.items()))
+        validating = "".join(f" (validating {_short(c.get('sha256'))})" for c in info.get("validating", []))
         model_table.add_row(
             role,
-            _short(published.get("sha256")),
+            _short(published.get("sha256")) + validating,
             str(published.get("generation", "")),
             serving,
             _rejection(info.get("last_rejection")),

@@ -40,6 +40,7 @@ cluster back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -77,7 +78,7 @@ from pipeline.sessions import SessionOptions, hash_model_file
 from pipeline.settings import Settings
 from workers import generations
 from workers.holder import FileStamp
-from workers.validation import Validation, Validator
+from workers.validation import EXIT_GRACE_S, Validation, Validator
 
 log = logging.getLogger("voxmill.watcher")
 TICK_S = 0.1
@@ -404,23 +405,37 @@ class Watcher:
                 current.get("sha256", "")[:12],
             )
             return
-        verdict = self._validate(path, role, sha256)
-        if self._stamp(role) != stamp or (verdict.sha256 and verdict.sha256 != sha256):
-            log.info("%s: %s changed while it was validated; waiting for it to settle", role, path.name)
-            self.debouncer.touch(role, time.monotonic())
-        elif verdict.ok:
-            self._publish(role, path, sha256, verdict)
-        else:
-            self._reject(role, path, sha256, verdict)
+        try:
+            verdict = self._validate(path, role, sha256)
+            if self._stamp(role) != stamp or (verdict.sha256 and verdict.sha256 != sha256):
+                log.info("%s: %s changed while it was validated; waiting for it to settle", role, path.name)
+                self.debouncer.touch(role, time.monotonic())
+            elif verdict.ok:
+                self._publish(role, path, sha256, verdict)
+            else:
+                self._reject(role, path, sha256, verdict)
+        finally:  # after the verdict is out: the worker standing aside goes on to load it
+            with contextlib.suppress(redis.RedisError):
+                generations.withdraw_candidate(self.client, self.host, role)
 
     def _validate(self, path: Path, role: str, sha256: str) -> Validation:
         if self._accepted.get(role) == sha256:  # validated before, publishing failed
             return Validation(ok=True, sha256=sha256)
         log.info("%s: validating %s (sha256 %s)", role, path, sha256[:12])
+        self._announce_candidate(role, path, sha256)
         verdict = self.validator.validate(path, role)
         if verdict.ok:
             self._accepted[role] = sha256
         return verdict
+
+    def _announce_candidate(self, role: str, path: Path, sha256: str) -> None:
+        """Tell this machine's workers (one of them stands aside) that a validation runs now."""
+        fields = {"sha256": sha256, "file": path.name}
+        ttl_s = self.settings.watch_validate_timeout_s + EXIT_GRACE_S
+        try:
+            generations.announce_candidate(self.client, self.host, role, fields, ttl_s)
+        except redis.RedisError as exc:  # the validation goes on; only the workers' head start is lost
+            log.warning("%s: could not announce the candidate (%s)", role, exc)
 
     def _publish(self, role: str, path: Path, sha256: str, verdict: Validation) -> None:
         record = {

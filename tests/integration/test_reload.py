@@ -104,14 +104,6 @@ def wrong_rank_embedder() -> bytes:
 
 # -- fixtures ------------------------------------------------------------------------------------
 @pytest.fixture
-def models(tiny_models: Path, tmp_path: Path) -> Path:
-    """This test's own copy of the tiny stand-ins."""
-    folder = tmp_path / "models"
-    shutil.copytree(tiny_models, folder)
-    return folder
-
-
-@pytest.fixture
 def settings(redis_url: str, redis_client: redis.Redis, models: Path, audio_dir: Path) -> Settings:
     return make_settings(redis_url, models, [audio_dir], watch_quiet_s=QUIET_S)
 

@@ -20,7 +20,7 @@ from pipeline.extraction import embedder_inputs, open_session, tokenizer_inputs
 from pipeline.features import whisper_log_mel
 from pipeline.model_cache import ENTRY_FILE, MODEL_FILE, ModelCache, cache_key, cpu_fingerprint
 from pipeline.registry import Registry
-from pipeline.sessions import RACY_MARGIN_NS, ModelSession, PinnedModelFile, SessionOptions
+from pipeline.sessions import RACY_MARGIN_NS, ModelSession, PinnedModelFile, SessionOptions, _session_options
 from pipeline.settings import Settings
 from pipeline.standin import make_standins
 
@@ -71,6 +71,24 @@ def test_first_load_builds_the_entry_and_later_loads_use_it_with_identical_outpu
     for a, b, c in zip(outputs_of(plain), outputs_of(first), outputs_of(second), strict=True):
         assert np.array_equal(a, b) and np.array_equal(a, c)
     assert second.describe()["model_cache"] == "hit"
+
+
+@pytest.mark.parametrize("role", ["tokenizer", "embedder"])
+def test_a_session_without_prepacking_writes_the_same_entry_and_gives_the_same_outputs(
+    models: Path, tmp_path: Path, role: str
+) -> None:
+    """The validator builds without pre-packed weights; the entry the workers load must not differ."""
+    path = model_path(models, role)
+    packed = open_session(path, role, options(tmp_path / "packed"), REGISTRY)
+    unpacked = open_session(path, role, options(tmp_path / "unpacked", prepack=False), REGISTRY)
+    assert _session_options(ort, options(None, prepack=False)).get_session_config_entry(
+        "session.disable_prepacking"
+    ) == "1"
+    [a], [b] = entries(tmp_path / "packed"), entries(tmp_path / "unpacked")
+    for name in sorted(p.name for p in a.iterdir() if p.name != ENTRY_FILE):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    for x, y in zip(outputs_of(packed), outputs_of(unpacked), strict=True):
+        assert np.allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
 def test_cache_folder_and_entries_are_private(models: Path, tmp_path: Path) -> None:

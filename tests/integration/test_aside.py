@@ -1,0 +1,134 @@
+"""Standing aside during a reload: real Redis, real ONNX sessions, holders driven step by step.
+
+Each `ModelHolder` here is what one worker process holds; the test plays its reload thread
+(`check_generations`) by hand, so every step can be checked. The worker processes end to end
+are in `test_reload.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import redis
+from rich.console import Console
+
+from pipeline.settings import Settings
+from pipeline.standin import EMBEDDER_FILE, make_embedder_model, write_model
+from tests.conftest import make_settings
+from workers import generations, keys
+from workers.holder import ModelHolder
+from workers.status import collect_status
+from workers.status_view import render_status
+
+HOST = socket.gethostname()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def settings(redis_url: str, redis_client: redis.Redis, models: Path, audio_dir: Path) -> Settings:
+    settings = make_settings(redis_url, models, [audio_dir])
+    generations.publish(redis_client, "embedder", sha256(models / EMBEDDER_FILE), {"file": EMBEDDER_FILE})
+    return settings
+
+
+def embed_holder(settings: Settings, number: int) -> ModelHolder:
+    """An embed-only worker process's holder, loaded and in Redis (its heartbeat), threads not started."""
+    holder = ModelHolder(settings)
+    holder.configure(["embed"], "solo")
+    holder.worker_id = f"{HOST}:{90000 + number}"
+    holder._redis = holder._connect()
+    holder._load_initial("embedder", {})
+    holder._heartbeat()
+    return holder
+
+
+def aside(holder: ModelHolder) -> bool:
+    return bool(holder.describe()["aside"])
+
+
+def announce(client: redis.Redis, sha: str) -> None:
+    generations.announce_candidate(client, HOST, "embedder", {"sha256": sha, "file": EMBEDDER_FILE}, 60)
+
+
+def test_one_process_stands_aside_while_a_candidate_is_validated(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    first, second = embed_holder(settings, 1), embed_holder(settings, 2)
+    announce(redis_client, "c" * 64)
+    assert first.check_generations() is True  # waits for the verdict, holding the slot
+    second.check_generations()
+    assert aside(first) and not aside(second)
+    assert redis_client.get(keys.ASIDE.format(host=HOST)) == first.worker_id.encode()
+    slot = keys.RELOAD_SLOT.format(host=HOST, role="embedder", slot=0)
+    assert redis_client.get(slot) == first.worker_id.encode()
+    status = collect_status(redis_client)
+    assert [c["sha256"] for c in status["models"]["embedder"]["validating"]] == ["c" * 64]
+    shown_aside = {w["worker_id"]: w["aside"] for w in status["workers"]}
+    assert shown_aside == {first.worker_id: True, second.worker_id: False}
+    console = Console(record=True, width=300)
+    render_status({**status, "broker": "redis://test"}, console)
+    shown = console.export_text()
+    assert f"{first.worker_id} (aside: reloading)" in shown and "(validating cccccccccccc)" in shown
+
+    # A task reaching the process standing aside waits; the other one serves at once.
+    with second.serving(["embedder"]) as sessions:
+        assert "embedder" in sessions
+    done = threading.Event()
+
+    def task() -> None:
+        with first.serving(["embedder"]):
+            done.set()
+
+    thread = threading.Thread(target=task)
+    thread.start()
+    assert not done.wait(0.5)
+
+    # Rejected (the watcher withdraws the candidate, nothing is published): back in rotation.
+    generations.withdraw_candidate(redis_client, HOST, "embedder")
+    first.check_generations()
+    assert done.wait(5)
+    thread.join()
+    assert not aside(first)
+    assert redis_client.get(keys.ASIDE.format(host=HOST)) is None
+    assert redis_client.get(slot) is None
+
+
+def test_the_process_standing_aside_loads_first_then_the_next_one(
+    settings: Settings, redis_client: redis.Redis, models: Path
+) -> None:
+    first, second = embed_holder(settings, 1), embed_holder(settings, 2)
+    old = first.sessions["embedder"].sha256
+    path = models / EMBEDDER_FILE
+    write_model(make_embedder_model("tiny", seed=5), path)
+    new = sha256(path)
+    announce(redis_client, new)
+    first.check_generations()
+    second.check_generations()
+    assert aside(first)
+
+    generations.publish(redis_client, "embedder", new, {"file": EMBEDDER_FILE, "size": path.stat().st_size})
+    generations.withdraw_candidate(redis_client, HOST, "embedder")
+    # The second process finds the slot taken: it keeps serving the old model and waits.
+    assert second.check_generations() is True
+    assert second.sessions["embedder"].sha256 == old and not aside(second)
+    first.check_generations()
+    assert first.sessions["embedder"].sha256 == new and not aside(first)
+    second.check_generations()
+    assert second.sessions["embedder"].sha256 == new and not aside(second)
+    assert redis_client.get(keys.ASIDE.format(host=HOST)) is None
+
+
+def test_a_lone_process_never_stands_aside(settings: Settings, redis_client: redis.Redis) -> None:
+    alone = embed_holder(settings, 1)
+    announce(redis_client, "c" * 64)
+    alone.check_generations()
+    assert not aside(alone)
+    with alone.serving(["embedder"]) as sessions:  # serves without waiting
+        assert "embedder" in sessions
