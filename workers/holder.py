@@ -57,6 +57,7 @@ SLOT_RETRY_S = 0.1
 SLOT_COUNT_TTL_S = 10.0
 ASIDE_TTL_S = 120  # the aside lock outlives a dead process by at most this long
 ASIDE_WAIT_MAX_S = 30.0  # a task waits at most this long for a process standing aside
+DRAIN_MAX_S = 5.0  # a process standing aside waits this long at most for its running tasks
 
 
 class ModelUnavailable(Exception):
@@ -129,6 +130,8 @@ class ModelHolder:
         self.tasks_done = 0
         self._recent: deque[float] = deque()
         self._swap_lock = threading.RLock()
+        self._tasks_running = 0
+        self._task_ended = threading.Condition(self._swap_lock)
         self._stop = threading.Event()
         self._activity = threading.Event()  # a task finished since the last heartbeat
         self._threads: list[threading.Thread] = []
@@ -233,7 +236,13 @@ class ModelHolder:
                     f"worker {self.worker_id} has no {', '.join(missing)} model ({reasons})"
                 )
             snapshot = {role: self.sessions[role] for role in roles}
-        yield snapshot
+            self._tasks_running += 1
+        try:
+            yield snapshot
+        finally:
+            with self._task_ended:
+                self._tasks_running -= 1
+                self._task_ended.notify_all()
         with self._swap_lock:
             self.tasks_done += 1
             self._recent.append(time.time())
@@ -378,7 +387,8 @@ class ModelHolder:
             return False
         if not self._take_reload_slot(role):
             return True
-        self._stand_aside()
+        if self._stand_aside():
+            self._drain(DRAIN_MAX_S)
         try:
             candidate = self._load_beside(role, path, sha256 if current is not None else None)
             self._swap(role, candidate, generation if candidate.sha256 == sha256 else None)
@@ -533,6 +543,17 @@ class ModelHolder:
         log.info("worker %s stands aside (takes no task) while it reloads", self.worker_id)
         self._heartbeat_safely()
         return True
+
+    def _drain(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for the tasks this process runs to end; none starts meanwhile.
+
+        A load beside a running task shares the core with it and with the machine's serving
+        processes; after the task it has the core to itself, and ends sooner than both together.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._task_ended:
+            while self._tasks_running and (left_s := deadline - time.monotonic()) > 0:
+                self._task_ended.wait(left_s)
 
     def _rejoin(self) -> None:
         """Take tasks again (a no-op unless standing aside)."""

@@ -132,3 +132,34 @@ def test_a_lone_process_never_stands_aside(settings: Settings, redis_client: red
     assert not aside(alone)
     with alone.serving(["embedder"]) as sessions:  # serves without waiting
         assert "embedder" in sessions
+
+
+def test_a_process_standing_aside_loads_after_its_running_task_ends(
+    settings: Settings, redis_client: redis.Redis, models: Path
+) -> None:
+    first, _second = embed_holder(settings, 1), embed_holder(settings, 2)
+    old = first.sessions["embedder"].sha256
+    task_may_end, task_started = threading.Event(), threading.Event()
+
+    def long_task() -> None:
+        with first.serving(["embedder"]):
+            task_started.set()
+            task_may_end.wait(10)
+
+    task = threading.Thread(target=long_task)
+    task.start()
+    assert task_started.wait(5)
+    path = models / EMBEDDER_FILE
+    write_model(make_embedder_model("tiny", seed=6), path)
+    new = sha256(path)
+    generations.publish(redis_client, "embedder", new, {"file": EMBEDDER_FILE, "size": path.stat().st_size})
+    reload = threading.Thread(target=first.check_generations)
+    reload.start()
+    reload.join(0.8)
+    assert reload.is_alive() and aside(first)  # stands aside, waiting for its task
+    assert first.sessions["embedder"].sha256 == old
+    task_may_end.set()
+    task.join()
+    reload.join(10)
+    assert not reload.is_alive()
+    assert first.sessions["embedder"].sha256 == new and not aside(first)
