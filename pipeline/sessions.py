@@ -69,7 +69,7 @@ class SessionOptions:
 
     provider: str = "cpu"
     intra_op_threads: int = 1
-    warmup_runs: int = 2
+    warmup_runs: int = 1
     provider_options: ProviderOptions = field(default_factory=ProviderOptions)
     model_cache_dir: Path | None = None
     model_cache_keep: int = 6

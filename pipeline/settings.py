@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     model_dir: Path = Path("models")
     provider: Provider = "auto"
     intra_op_threads: int = 1
-    warmup_runs: int = 2
+    warmup_runs: int = 1
     cuda_device_id: int = 0
     cuda_mem_limit_bytes: int = 0
     cudnn_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = "HEURISTIC"

@@ -338,13 +338,15 @@ class ModelHolder:
         the role's reload slot first stands aside (`_stand_aside`) until the verdict, so the
         validation gets its core, and then loads the new generation first.
         """
-        waiting = False
-        for role in self.roles:
-            waiting = self._maybe_reload(role) or waiting
+        # Candidates first: a verdict published between the two reads is then loaded in this
+        # round by the process already standing aside, which keeps its slot throughout.
         awaiting = [role for role in self.roles if self._awaiting_verdict(role)]
         if awaiting:
             self._stand_aside()
-        else:
+        waiting = False
+        for role in self.roles:
+            waiting = self._maybe_reload(role) or waiting
+        if not awaiting:
             self._rejoin()
         return waiting or bool(awaiting)
 

@@ -2,7 +2,7 @@
 
 The check is what a worker does at load (`pipeline.extraction.open_session`), with the workers'
 provider settings: hash the file once, check the signature against the registry, run the
-reference clip once (a worker warms up with `warmup_runs`), check the outputs are finite. It
+reference clip once (a worker warms up with `warmup_runs`, 1 by default), check the outputs are finite. It
 runs in a child process, so a file that crashes or hangs ONNX Runtime costs a rejection, never
 the watcher.
 
@@ -57,8 +57,8 @@ def validate_here(path: Path, role: str, settings: Settings) -> dict[str, Any]:
     from pipeline.extraction import open_session
     from pipeline.sessions import SessionOptions
 
-    # One warm-up run checks what a validation must (the model runs, its outputs are finite);
-    # the workers' further runs only steady their latency. A session run once gains nothing
+    # One warm-up run checks what a validation must (the model runs, its outputs are finite),
+    # whatever `warmup_runs` the workers use. A session run once gains nothing
     # from pre-packed weights, and skipping them saves about a third of the load's memory
     # traffic (the cache entry it writes is the same).
     options = replace(SessionOptions.from_settings(settings), warmup_runs=1, prepack=False)

@@ -382,6 +382,16 @@ class Watcher:
         if path is None or stamp is None:
             self._missing(role)
             return
+        if not at_startup:  # a changed file: one worker stands aside already while it is hashed
+            self._announce_candidate(role, path, "")
+        try:
+            self._check(role, path, stamp, at_startup)
+        finally:  # after the verdict is out: the worker standing aside goes on to load it
+            with contextlib.suppress(redis.RedisError):
+                generations.withdraw_candidate(self.client, self.host, role)
+
+    def _check(self, role: str, path: Path, stamp: Stamp, at_startup: bool) -> None:
+        """Hash, compare with the published generation, validate, publish or reject."""
         try:  # recorded for the validator and the workers on this machine: they need not hash it again
             sha256 = hash_model_file(path, self.known_hashes, check_head=False)
         except VoxmillError as exc:
@@ -405,18 +415,14 @@ class Watcher:
                 current.get("sha256", "")[:12],
             )
             return
-        try:
-            verdict = self._validate(path, role, sha256)
-            if self._stamp(role) != stamp or (verdict.sha256 and verdict.sha256 != sha256):
-                log.info("%s: %s changed while it was validated; waiting for it to settle", role, path.name)
-                self.debouncer.touch(role, time.monotonic())
-            elif verdict.ok:
-                self._publish(role, path, sha256, verdict)
-            else:
-                self._reject(role, path, sha256, verdict)
-        finally:  # after the verdict is out: the worker standing aside goes on to load it
-            with contextlib.suppress(redis.RedisError):
-                generations.withdraw_candidate(self.client, self.host, role)
+        verdict = self._validate(path, role, sha256)
+        if self._stamp(role) != stamp or (verdict.sha256 and verdict.sha256 != sha256):
+            log.info("%s: %s changed while it was validated; waiting for it to settle", role, path.name)
+            self.debouncer.touch(role, time.monotonic())
+        elif verdict.ok:
+            self._publish(role, path, sha256, verdict)
+        else:
+            self._reject(role, path, sha256, verdict)
 
     def _validate(self, path: Path, role: str, sha256: str) -> Validation:
         if self._accepted.get(role) == sha256:  # validated before, publishing failed
@@ -429,7 +435,11 @@ class Watcher:
         return verdict
 
     def _announce_candidate(self, role: str, path: Path, sha256: str) -> None:
-        """Tell this machine's workers (one of them stands aside) that a validation runs now."""
+        """Tell this machine's workers (one of them stands aside) that a candidate is checked now.
+
+        Announced when a changed file settles (sha256 not known yet), again with its sha256 when
+        its validation starts, and withdrawn once it is published, rejected or found unchanged.
+        """
         fields = {"sha256": sha256, "file": path.name}
         ttl_s = self.settings.watch_validate_timeout_s + EXIT_GRACE_S
         try:
@@ -451,12 +461,15 @@ class Watcher:
             log.info("%s: sha256 %s is already the published generation", role, sha256[:12])
             return
         log.info(
-            "%s: published generation %d: %s (sha256 %s), validated in %.2f s",
+            "%s: published generation %d: %s (sha256 %s), validated in %.2f s "
+            "(load %.2f s, reference clip %.0f ms)",
             role,
             generation,
             path,
             sha256[:12],
             verdict.seconds,
+            float(verdict.details.get("load_s") or 0.0),
+            float(verdict.details.get("warm_latency_ms") or 0.0),
         )
         self.hooks.after_publish(role, generation, {"sha256": sha256, "generation": generation, **record})
 
