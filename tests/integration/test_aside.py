@@ -23,6 +23,8 @@ from workers import generations, keys
 from workers.holder import ModelHolder
 from workers.status import collect_status
 from workers.status_view import render_status
+from workers.validation import Validation
+from workers.watcher import Watcher
 
 HOST = socket.gethostname()
 
@@ -163,3 +165,36 @@ def test_a_process_standing_aside_loads_after_its_running_task_ends(
     reload.join(10)
     assert not reload.is_alive()
     assert first.sessions["embedder"].sha256 == new and not aside(first)
+
+
+def test_a_candidate_whose_sha256_is_not_known_yet_counts_as_new(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    first, _second = embed_holder(settings, 1), embed_holder(settings, 2)
+    announce(redis_client, "")  # announced as soon as a changed file settles, before it is hashed
+    first.check_generations()
+    assert aside(first)
+
+
+def test_the_watcher_announces_a_candidate_until_its_verdict(
+    settings: Settings, redis_client: redis.Redis, models: Path
+) -> None:
+    watcher = Watcher(settings, redis_client)
+    seen: list[dict[str, object]] = []
+    validate = watcher.validator.validate
+
+    def validate_and_look(path: Path, role: str) -> Validation:  # the real validation, watched
+        seen.append(generations.candidate(redis_client, HOST, role))
+        return validate(path, role)
+
+    watcher.validator.validate = validate_and_look  # type: ignore[method-assign]
+    path = models / EMBEDDER_FILE
+    write_model(make_embedder_model("tiny", seed=7), path)
+    new = sha256(path)
+    watcher.settle("embedder", watcher._stamp("embedder"))
+    assert [c["sha256"] for c in seen] == [new]
+    assert generations.published(redis_client, "embedder")["sha256"] == new
+    assert generations.candidate(redis_client, HOST, "embedder") == {}
+    write_model(make_embedder_model("tiny", seed=7), path)  # the same bytes again: nothing to validate
+    watcher.settle("embedder", watcher._stamp("embedder"))
+    assert len(seen) == 1 and generations.candidate(redis_client, HOST, "embedder") == {}
