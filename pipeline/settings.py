@@ -74,6 +74,7 @@ class Settings(BaseSettings):
     worker_reload_check_s: float = 1.0
     reload_slots: int = 0
     reload_retry_max_s: float = 60.0
+    reload_aside_min_mb: float = 100.0
     # Corpus runs
     shard_size: int = 32
     shard_deadline_min_s: float = 60.0

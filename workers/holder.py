@@ -340,8 +340,8 @@ class ModelHolder:
         """
         # Candidates first: a verdict published between the two reads is then loaded in this
         # round by the process already standing aside, which keeps its slot throughout.
-        awaiting = [role for role in self.roles if self._awaiting_verdict(role)]
-        if awaiting:
+        awaiting = {role: size for role in self.roles if (size := self._awaiting_verdict(role)) is not None}
+        if awaiting and self._worth_standing_aside(max(awaiting.values())):
             self._stand_aside()
         waiting = False
         for role in self.roles:
@@ -350,14 +350,21 @@ class ModelHolder:
             self._rejoin()
         return waiting or bool(awaiting)
 
-    def _awaiting_verdict(self, role: str) -> bool:
-        """Hold the role's reload slot while this machine validates a new candidate for it."""
+    def _awaiting_verdict(self, role: str) -> int | None:
+        """Hold the role's reload slot while this machine validates a new candidate for it.
+
+        The candidate's size in bytes while this process holds the slot for it, else None.
+        """
         current = self.sessions.get(role)
         pending = generations.candidate(self._redis, socket.gethostname(), role) if self._redis else {}
         if current is None or not pending or pending.get("sha256") == current.sha256:
             self._release_reload_slot(role)
-            return False
-        return self._take_reload_slot(role)
+            return None
+        return int(pending.get("size") or 0) if self._take_reload_slot(role) else None
+
+    def _worth_standing_aside(self, size: int) -> bool:
+        """A model this large loads long enough to be worth a process's tasks meanwhile."""
+        return size >= self.settings.reload_aside_min_mb * 1e6
 
     def _published(self, role: str) -> dict[str, str]:
         if self._redis is None:
@@ -389,7 +396,7 @@ class ModelHolder:
             return False
         if not self._take_reload_slot(role):
             return True
-        if self._stand_aside():
+        if stamp is not None and self._worth_standing_aside(stamp.size) and self._stand_aside():
             self._drain(DRAIN_MAX_S)
         try:
             candidate = self._load_beside(role, path, sha256 if current is not None else None)
@@ -523,13 +530,14 @@ class ModelHolder:
 
         On a machine whose cores are all serving, a load (or the watcher's validation) that
         competes with serving takes several times longer than on an idle core, and slows the
-        serving beside it. So the one process of a machine holding the aside lock
-        (`keys.ASIDE`) stops taking tasks while it waits for the verdict on a candidate and
-        while it loads: the others serve at full speed, the reload gets its core. A process
-        stands aside only when every role it serves has another live process on the machine;
-        alone (or when another process stands aside) it loads beside serving, as before. A
-        task that arrives meanwhile waits (at most `ASIDE_WAIT_MAX_S`), then runs on the new
-        session.
+        serving beside it. So, for a model file of `reload_aside_min_mb` or more, the one
+        process of a machine holding the aside lock (`keys.ASIDE`) stops taking tasks while it
+        waits for the verdict on a candidate and while it loads: the others serve at full
+        speed, the reload gets its core. A process stands aside only when every role it serves
+        has another live process on the machine; alone (or when another process stands aside,
+        or for a smaller model, which loads in a fraction of a second) it loads beside
+        serving. A task that arrives meanwhile waits (at most `ASIDE_WAIT_MAX_S`), then runs
+        on the new session.
         """
         if self._aside_key is not None:
             if self._redis is not None:

@@ -440,7 +440,11 @@ class Watcher:
         Announced when a changed file settles (sha256 not known yet), again with its sha256 when
         its validation starts, and withdrawn once it is published, rejected or found unchanged.
         """
-        fields = {"sha256": sha256, "file": path.name}
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        fields = {"sha256": sha256, "file": path.name, "size": size}
         ttl_s = self.settings.watch_validate_timeout_s + EXIT_GRACE_S
         try:
             generations.announce_candidate(self.client, self.host, role, fields, ttl_s)

@@ -35,7 +35,7 @@ def sha256(path: Path) -> str:
 
 @pytest.fixture
 def settings(redis_url: str, redis_client: redis.Redis, models: Path, audio_dir: Path) -> Settings:
-    settings = make_settings(redis_url, models, [audio_dir])
+    settings = make_settings(redis_url, models, [audio_dir], reload_aside_min_mb=0)  # tiny models too
     generations.publish(redis_client, "embedder", sha256(models / EMBEDDER_FILE), {"file": EMBEDDER_FILE})
     return settings
 
@@ -55,8 +55,9 @@ def aside(holder: ModelHolder) -> bool:
     return bool(holder.describe()["aside"])
 
 
-def announce(client: redis.Redis, sha: str) -> None:
-    generations.announce_candidate(client, HOST, "embedder", {"sha256": sha, "file": EMBEDDER_FILE}, 60)
+def announce(client: redis.Redis, sha: str, size: int = 100) -> None:
+    fields = {"sha256": sha, "file": EMBEDDER_FILE, "size": size}
+    generations.announce_candidate(client, HOST, "embedder", fields, 60)
 
 
 def test_one_process_stands_aside_while_a_candidate_is_validated(
@@ -198,3 +199,25 @@ def test_the_watcher_announces_a_candidate_until_its_verdict(
     write_model(make_embedder_model("tiny", seed=7), path)  # the same bytes again: nothing to validate
     watcher.settle("embedder", watcher._stamp("embedder"))
     assert len(seen) == 1 and generations.candidate(redis_client, HOST, "embedder") == {}
+
+
+def test_only_a_model_of_reload_aside_min_mb_or_more_makes_a_process_stand_aside(
+    settings: Settings, redis_client: redis.Redis, models: Path
+) -> None:
+    settings = settings.model_copy(update={"reload_aside_min_mb": 1.0})  # tiny embedders are 0.2 MB
+    first, _second = embed_holder(settings, 1), embed_holder(settings, 2)
+    announce(redis_client, "c" * 64, size=200_000)
+    assert first.check_generations() is True  # waits for the verdict, serving meanwhile
+    assert not aside(first)
+    announce(redis_client, "c" * 64, size=2_000_000)
+    first.check_generations()
+    assert aside(first)
+    generations.withdraw_candidate(redis_client, HOST, "embedder")
+    first.check_generations()
+    assert not aside(first)
+    path = models / EMBEDDER_FILE  # a small new generation: loaded beside serving
+    write_model(make_embedder_model("tiny", seed=8), path)
+    generations.publish(redis_client, "embedder", sha256(path), {"file": EMBEDDER_FILE})
+    with first.serving(["embedder"]):  # a running task does not hold the small load back
+        first.check_generations()
+        assert first.sessions["embedder"].sha256 == sha256(path)
