@@ -10,8 +10,10 @@ Life of a model in a worker (Triton's load -> warm up -> serve -> unload):
    session, checks that the sha256 of the bytes it read is the published one, warms it up and
    swaps between two tasks; the old session is freed when the last task using it ends.
    At most `reload_slots` processes per machine (default: half of those serving the role) load
-   a role at once (Redis locks): a loading process still serves, but its load competes for the
-   CPU, so half the machine keeps serving at full speed while the other half reloads.
+   a role at once (Redis locks). For a model file of `reload_aside_min_mb` or more, one process
+   per machine *stands aside* (takes no task) while the watcher checks the candidate and while
+   it loads, so the reload gets a core (`_stand_aside`); any other loading process still
+   serves, its load competing for the CPU.
 4. A failed reload keeps the old session and is reported in the heartbeat (`reload_failures`).
    A file that cannot be the published one (missing, another size) waits until it changes;
    any other failure (out of memory, say) is retried with backoff up to `reload_retry_max_s`.

@@ -15,6 +15,9 @@ One watcher runs per model folder (per machine). What it does with a file:
    hashed once, and with the optimized-model cache on the sha256 is recorded for this machine
    (`pipeline.model_cache`, known hashes): the validator and every worker loading the unchanged
    file take it from there instead of reading half a gigabyte again.
+   A changed file is announced to the machine's workers as a candidate (`keys.CANDIDATE`) as
+   soon as it settles and until its verdict is out: for a large model one of them stands aside
+   meanwhile, so the hash and the validation get a core (`workers.holder`).
 3. **Validates it in a separate process** (`workers.validation`) with the workers' provider
    settings: load, signature check against the registry, one run of the reference clip, outputs
    finite (`pipeline.extraction.open_session`). A crash or a hang of the validator
