@@ -211,7 +211,7 @@ def summary_section(folder: Path) -> Lines:
     scaling = load(folder, "scaling")
     if scaling:
         value = scaling["end_to_end"]["speedup_2_vs_1_process"]
-        rows.append(["1 → 2 worker processes, end to end", fmt(value, 2, "×"), "≥ 1.8×", verdict(value, 1.8)])
+        rows.append(["1 → 2 worker processes, end to end", fmt(value, 3, "×"), "≥ 1.8×", verdict(value, 1.8)])
     throughput = load(folder, "corpus-throughput")
     if throughput:
         rows.append(
@@ -374,9 +374,9 @@ def scaling_section(data: dict[str, Any]) -> Lines:
                 secs(walls["2x1"]),
                 secs(walls["1x2"]),
                 secs(walls.get("2x1/s8")) if "2x1/s8" in walls else "",
-                f"{fmt(res['speedup_2_vs_1_process'], 2, '×')} "
+                f"{fmt(res['speedup_2_vs_1_process'], 3, '×')} "
                 f"({verdict(res['speedup_2_vs_1_process'], data['target_speedup'])})",
-                f"{fmt(small_value, 2, '×')} ({verdict(small_value, data['target_speedup'])})"
+                f"{fmt(small_value, 3, '×')} ({verdict(small_value, data['target_speedup'])})"
                 if small_value
                 else "",
                 fmt(res["processes_vs_threads"], 2, "×"),
