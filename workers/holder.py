@@ -521,7 +521,12 @@ class ModelHolder:
 
     def _release_reload_slot(self, role: str) -> None:
         key = self._slots.pop(role, None)
-        if self._redis is not None and key is not None:
+        if key is not None:
+            self._unlock(key)
+
+    def _unlock(self, key: str) -> None:
+        """Delete a Redis lock this process holds (left to expire when Redis does not answer)."""
+        if self._redis is not None:
             with contextlib.suppress(redis.RedisError):
                 if self._redis.get(key) == self.worker_id.encode():
                     self._redis.delete(key)
@@ -571,10 +576,8 @@ class ModelHolder:
         """Take tasks again (a no-op unless standing aside)."""
         key, self._aside_key = self._aside_key, None
         self._in_rotation.set()
-        if key is not None and self._redis is not None:
-            with contextlib.suppress(redis.RedisError):
-                if self._redis.get(key) == self.worker_id.encode():
-                    self._redis.delete(key)
+        if key is not None:
+            self._unlock(key)
             self._heartbeat_safely()
 
 
