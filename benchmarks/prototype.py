@@ -1,18 +1,19 @@
 """A drop-in variant of `voxmill extract` (embedded mode) that tries changes to
-`workers/driver.py`, so that their gain is measured rather than guessed:
+`workers/extract.py` and `workers/driver.py`, so that their gain is measured rather than guessed:
 
     python -m benchmarks.prototype MANIFEST --out DIR --ops tokenize --models M --workers 2
-        [--order longest-first|plan] [--warm-stop] [--overlap] [--combine]
+        [--order longest-first|plan] [--warm-stop] [--late-start] [--combine]
 
-Adopted in `voxmill extract` (measured here against what it did before):
-- longest-first submission (`--order plan` restores the old order: the plan groups clips by
-  length, so the run ended with one worker busy on the largest shard while the others waited);
-- a fast stop once every shard is merged (`--warm-stop` restores Celery's warm shutdown, about
-  3 s of waiting with nothing in flight).
+Adopted in `voxmill extract` (the options restore what it did before):
+- longest-first submission (`--order plan`: the plan groups clips by length, so the run ended
+  with one worker busy on the largest shard while the others waited);
+- a fast stop once every shard file exists (`--warm-stop`: Celery's warm shutdown, about 3 s
+  of waiting with nothing in flight);
+- the workers started first (`--late-start`: plan, then start Redis and the workers, wait until
+  they are ready, then submit; now the workers are spawned right after the corpus is read, the
+  driver's imports and the probing overlap their start, and the shards wait in the queue).
 
-Still proposals:
-- `--overlap`: start the embedded Redis and the workers before probing the corpus, so model
-  loading overlaps planning;
+Still a proposal:
 - `--combine`: with `--ops tokenize,embed`, plan `extract` shards (on the `extract` queue), so
   each utterance is decoded once and runs through both models in one task (the shard files and
   the merge already handle the `extract` op; `report.json` then counts op `extract`).
@@ -42,58 +43,49 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--shard-size", type=int, default=0)
     parser.add_argument("--order", choices=("plan", "longest-first"), default="longest-first")
-    parser.add_argument("--overlap", action="store_true")
+    parser.add_argument("--late-start", action="store_true")
     parser.add_argument("--warm-stop", action="store_true")
     parser.add_argument("--combine", action="store_true")
     args = parser.parse_args()
 
-    from pipeline.corpus import read_corpus
-    from pipeline.records import Utterance
     from pipeline.settings import Settings
-    from workers.app import create_app
-    from workers.driver import Plan, check_models, corpus_roots, load_or_make_plan, lock_output, run_corpus
-    from workers.embedded import EmbeddedRedis, LocalWorkers
+    from workers.extract import EmbeddedRun, check_models
+    from workers.plan import lock_output, make_plan, read_utterances, reusable_plan
 
     marks: dict[str, float] = {"imported": time.time()}
     ops = args.ops.split(",")
     if args.combine and sorted(ops) == ["embed", "tokenize"]:
         ops = ["extract"]
     settings = Settings.load().model_copy(update={"model_dir": args.models})
-    shard_size = args.shard_size or settings.shard_size
     lock = lock_output(args.out)
+    utts = read_utterances(args.source)
+    resumed = reusable_plan(utts, args.out, ops, args.shard_size, settings)
     check_models(settings, ops)
-
-    def start_cluster(utts: list[Utterance]) -> tuple[EmbeddedRedis, LocalWorkers, Settings]:
-        stub = Plan("", str(args.source), ops, shard_size, [], [])
-        roots = (*settings.allowed_roots, *corpus_roots(stub, args.out))
-        folders = sorted({Path(u.path).parent for u in utts})
-        roots = (*roots, *folders)
-        embedded = EmbeddedRedis().start()
-        local = settings.model_copy(update={"broker_url": embedded.url, "allowed_roots": roots})
-        cluster = LocalWorkers(local, args.workers, queues=ops, log_path=args.out / "workers.log").start()
-        marks["cluster_started"] = time.time()
-        return embedded, cluster, local
-
-    cluster_parts = start_cluster(read_corpus(args.source)) if args.overlap else None
-    plan = load_or_make_plan(args.source, args.out, ops, shard_size, settings)
-    marks["planned"] = time.time()
-    if cluster_parts is None:
-        cluster_parts = start_cluster(plan.utterances())
-    embedded, cluster, local = cluster_parts
     if args.order == "plan":
         import workers.driver
 
         workers.driver.longest_first = list  # type: ignore[assignment]  # the driver's old order
+    n = args.workers
+    local = EmbeddedRun(settings, utts, args.out, ops, n)
     try:
-        cluster.wait_ready()
-        marks["ready"] = time.time()
-        report = run_corpus(
-            create_app(local), local, plan, args.out, True, {"input": str(args.source)}, STARTED
-        )
+        if args.late_start:
+            plan = resumed or make_plan(utts, args.source, args.out, ops, args.shard_size, settings, n)
+            marks["planned"] = time.time()
+            local.start(quiet=True)
+            marks["cluster_started"] = time.time()
+            local.workers.wait_ready()
+            marks["ready"] = time.time()
+        else:
+            local.start(quiet=True)
+            marks["cluster_started"] = time.time()
+            plan = resumed or make_plan(utts, args.source, args.out, ops, args.shard_size, settings, n)
+            marks["planned"] = time.time()
+        if args.warm_stop:
+            local.stop = lambda completed=False: EmbeddedRun.stop(local, completed=False)  # type: ignore[method-assign]
+        report = local.run(plan, args.source, True, time.monotonic() - (time.time() - STARTED))
         marks["merged"] = time.time()
     finally:
-        cluster.stop(timeout_s=5.0 if args.warm_stop else 0.0)
-        embedded.stop()
+        local.stop()
         marks["stopped"] = time.time()
         lock.close()
     timeline = {k: round(v - STARTED, 3) for k, v in marks.items()}

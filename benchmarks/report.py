@@ -525,11 +525,12 @@ def variants_section(data: dict[str, Any]) -> Lines:
     lines = [
         "## Driver changes, measured",
         "",
-        "`benchmarks/prototype.py` runs `extract_corpus`'s steps with one change at a time (`extract` is "
+        "`benchmarks/prototype.py` runs `extract_corpus`'s steps with one change undone at a time "
+        "(`extract` is "
         "`voxmill extract` itself). Adopted in `voxmill extract`: longest-first submission (shards by "
-        "decreasing audio seconds) and a fast stop (the idle workers killed once everything is merged, "
-        "instead of a warm shutdown); `before` is the prototype without both, as `extract` was. Still a "
-        "proposal: `overlap` (start the workers before planning). "
+        "decreasing audio seconds), a fast stop (the idle workers killed once every shard file exists, "
+        "instead of a warm shutdown) and the workers started first (`late-start` undoes it: plan, start, "
+        "wait until ready, submit); `before` is the prototype without all three. "
         "`blas-1-thread` is `voxmill extract` with `OPENBLAS_NUM_THREADS=1`; `shard-size-N` is "
         "`--shard-size N`. Start-up = spawn → first task, tail = last task → exit, per worker process.",
         "",
@@ -621,7 +622,7 @@ def throughput_section(data: dict[str, Any]) -> Lines:
     ]
     labels = {
         "decode-once": "prototype: `extract` shards (decode once, both models)",
-        "proposals": "prototype: decode once + overlap",
+        "proposals": "prototype: decode once + overlap (results from before the overlap was adopted)",
     }
     for kind, res in data.get("prototypes", {}).items():
         rows.append(

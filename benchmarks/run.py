@@ -16,8 +16,8 @@ Sections (each writes `benchmarks/results/<section>.json`, machine and versions 
   of a 10 s clip; a real worker's time to its first task with both full models.
 - `memory` (item 7): a fresh process holding the full tokenizer running a 25 s clip, and the ways
   `sessions.py` could load it (`benchmarks/memory.py`), interleaved.
-- `variants`: the driver changes adopted in and proposed for `workers/driver.py`, measured with
-  `benchmarks/prototype.py`, and the shard size.
+- `variants`: the driver changes adopted in `workers/extract.py` and `workers/driver.py`, each
+  undone in turn with `benchmarks/prototype.py`, and the shard size.
 - `queue` (issue 3): per-task queue overhead and tasks/s (`benchmarks/queue_overhead.py`).
 - `throughput` (issue 4): 200 clips of 1-20 s, both ops, 2 workers vs `Extractor` in a loop.
 - `core` (issue 2): parity errors, load times of the tiny and full stand-ins, first inference.
@@ -398,8 +398,8 @@ def section_variants(cfg: Config) -> dict[str, Any]:
     manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{cfg.main.name}-variants.jsonl")
     variants: dict[str, dict[str, Any]] = {
         "extract": {},
-        "before": {"variant": ["--order", "plan", "--warm-stop"]},
-        "overlap": {"variant": ["--overlap"]},
+        "before": {"variant": ["--order", "plan", "--warm-stop", "--late-start"]},
+        "late-start": {"variant": ["--late-start"]},
         "blas-1-thread": {"env_extra": SINGLE_THREAD_BLAS},
     }
     for size in cfg.variant_shard_sizes:
@@ -450,7 +450,6 @@ def section_throughput(cfg: Config) -> dict[str, Any]:
     kinds: dict[str, list[str] | None] = {"voxmill": None, "plain": None}
     if not cfg.quick:
         kinds["decode-once"] = ["--combine"]
-        kinds["proposals"] = ["--combine", "--overlap"]
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for repeat in range(cfg.repeats):
         for kind in rotate(list(kinds), repeat):

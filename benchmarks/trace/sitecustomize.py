@@ -1,8 +1,8 @@
 """Benchmark-only tracing of `voxmill extract` worker processes (never imported by voxmill itself).
 
 `benchmarks/extract_run.py` puts this folder first on PYTHONPATH and names a folder in
-BENCH_TRACE_DIR; in Celery worker processes this wraps three `pipeline` functions before
-`workers.tasks` imports them, and appends one JSON line per shard to
+BENCH_TRACE_DIR; in Celery worker processes (`python -m workers.worker`, or `celery`) this wraps
+three `pipeline` functions before `workers.tasks` imports them, and appends one JSON line per shard to
 `$BENCH_TRACE_DIR/trace-<pid>.jsonl`:
 
 - `open_session`: when each model was loaded and warmed (wall clock);
@@ -93,5 +93,6 @@ def _install(trace_dir: str) -> None:
 
 
 _TRACE = os.environ.get("BENCH_TRACE_DIR")
-if _TRACE and "celery" in getattr(sys, "orig_argv", sys.argv)[:4]:
+_ARGV = getattr(sys, "orig_argv", sys.argv)[:4]
+if _TRACE and ("celery" in _ARGV or "workers.worker" in _ARGV):  # `voxmill extract`'s local workers
     _install(_TRACE)

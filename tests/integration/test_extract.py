@@ -216,3 +216,50 @@ def test_killing_a_worker_child_mid_shard_loses_nothing(
     os.kill(children[0], signal.SIGKILL)
     assert proc.wait(timeout=240) == 0, proc.stdout.read() if proc.stdout else ""
     assert read_outputs(out) == read_outputs(reference_run)
+
+
+def test_local_workers_that_exit_end_the_run_with_their_exit_code(
+    tmp_path: Path, tiny_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shards are submitted while the local workers start; a worker process that exits instead
+    (here one that fails at once, as a broken install would) ends the run at once, naming its
+    exit code and its log, instead of waiting for shards that nobody will take."""
+    import sys
+
+    import workers.embedded
+    from pipeline.settings import Settings
+    from workers.extract import extract_corpus
+    from workers.plan import RunError
+
+    corpus = make_audio_folder(tmp_path / "corpus", 4, 1.0, 2.0, seed=5)
+    failing = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    monkeypatch.setattr(workers.embedded, "worker_command", lambda *args, **kwargs: failing)
+    settings = Settings(model_dir=tiny_models, broker_url=None)
+    started = time.monotonic()
+    with pytest.raises(RunError, match="exited with code 3.*workers.log"):
+        extract_corpus(settings, corpus, tmp_path / "out", ["embed"], 2, 0, quiet=True)
+    assert time.monotonic() - started < 30
+
+
+def test_local_workers_that_cannot_load_their_model_end_the_run(
+    tmp_path: Path, tiny_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model file that is there but does not load: the workers run without it and never get
+    ready; the run ends after the ready timeout, pointing at the workers' log (where the load
+    error is), and stops its workers and Redis."""
+    import shutil
+
+    import workers.extract
+    from pipeline.settings import Settings
+    from workers.plan import RunError
+
+    models = tmp_path / "models"
+    shutil.copytree(tiny_models, models)
+    (models / "campplus.onnx").write_bytes(b"not an onnx model")
+    corpus = make_audio_folder(tmp_path / "corpus", 4, 1.0, 2.0, seed=5)
+    monkeypatch.setattr(workers.extract, "READY_TIMEOUT_S", 4.0)
+    settings = Settings(model_dir=models, broker_url=None)
+    out = tmp_path / "out"
+    with pytest.raises(RunError, match="did not load their models within 4 s.*workers.log"):
+        workers.extract.extract_corpus(settings, corpus, out, ["embed"], 1, 0, quiet=True)
+    assert "could not load the embedder model" in (out / "workers.log").read_text()

@@ -11,7 +11,17 @@ import soundfile as sf
 from pipeline.corpus import auto_shard_size
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
-from workers.driver import load_or_make_plan, longest_first
+from workers.driver import longest_first
+from workers.plan import Plan, make_plan, read_utterances, reusable_plan
+
+
+def load_or_make_plan(
+    source: Path, out: Path, ops: list[str], size: int, settings: Settings, workers: int | None
+) -> Plan:
+    """What `voxmill extract` does: the plan in `out` when it is this run's, else a new one."""
+    utts = read_utterances(source)
+    resumed = reusable_plan(utts, out, ops, size, settings)
+    return resumed or make_plan(utts, source, out, ops, size, settings, workers)
 
 
 def shard(number: int, *durations: float | None) -> ShardSpec:

@@ -14,8 +14,9 @@ import soundfile as sf
 
 from pipeline.errors import BAD_REQUEST, VoxmillError
 from pipeline.export import export_cosyvoice
+from pipeline.merge import merge_outputs
 from pipeline.records import ShardSpec, TaskResult, Utterance
-from pipeline.writers import merge_outputs, write_shard
+from pipeline.writers import write_shard
 
 SPEAKERS = {"u1": "alice", "u2": "alice", "u3": "bob", "u4": "bob", "u5": "carol", "u6": "bob"}
 FAILED = "u5"  # carol's only clip fails, so carol has no speaker embedding either

@@ -15,8 +15,9 @@ import pytest
 
 from pipeline import writers
 from pipeline.errors import OUTPUT_ERROR, VoxmillError
+from pipeline.merge import merge_outputs, speaker_means
 from pipeline.records import ShardSpec, TaskResult, Utterance
-from pipeline.writers import merge_outputs, read_shard, shard_counts, shard_path, write_shard
+from pipeline.writers import read_shard, shard_counts, shard_path, write_shard
 
 TOK = {"tokenizer": {"file": "speech_tokenizer_v2.onnx", "sha256": "a" * 64}}
 EMB = {"embedder": {"file": "campplus.onnx", "sha256": "b" * 64}}
@@ -272,7 +273,7 @@ def test_merge_reports_mixed_models_across_shards(tmp_path: Path) -> None:
 
 
 def test_speaker_means_uses_float64_and_stores_float32() -> None:
-    table = writers.speaker_means(
+    table = speaker_means(
         ["s", "t", "s"], np.array([[1.0, 2.0], [0.5, 0.5], [2.0, 5.0]], dtype=np.float32)
     )
     assert table.to_pylist() == [
