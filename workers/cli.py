@@ -115,6 +115,9 @@ def up(
         cluster.wait()
     except KeyboardInterrupt:
         out.print("stopping…")
+    except (RuntimeError, TimeoutError) as exc:  # a part exited, or the workers never got ready
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
     finally:
         cluster.stop()
 

@@ -1,12 +1,12 @@
 """The corpus driver behind `voxmill extract`: submit a plan's shards, watch the ledger, merge.
 
 The ledger is on disk in the output folder: `plan.json` (the shards, fixed for the run; see
-`workers/plan.py`) and
-`shards/{op}-{shard:06d}.parquet` (one file per finished shard, complete or absent). A shard
-is done when its file exists, whatever happened to Redis or to the task's result. A shard
-whose task has not finished within its deadline (a few times the median shard time, at least
-a minute) is submitted again; a duplicate run of a shard rewrites identical data under the
-same name, and the merge reads each shard file once, so no utterance is ever counted twice.
+`workers/plan.py`) and `shards/{op}-{shard:06d}.parquet` (one file per finished shard, complete
+or absent). A shard is done when its file exists, whatever happened to Redis or to the task's
+result. A shard whose task has not finished within its deadline (a few times the median shard
+time, at least a minute) is submitted again; a duplicate run of a shard rewrites identical data
+under the same name, and the merge reads each shard file once, so no utterance is ever counted
+twice.
 """
 
 from __future__ import annotations

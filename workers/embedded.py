@@ -334,16 +334,13 @@ class LocalCluster:
         self.workers.wait_ready(ready_timeout_s)
 
     def wait(self) -> None:
-        """Block until a part dies (then raise) or the caller is interrupted."""
+        """Block until a part dies (then `ProcessExited`) or the caller is interrupted."""
         while True:
-            if self.workers is not None and not self.workers.alive():
-                raise RuntimeError("the local workers exited")
-            if (
-                self.redis is not None
-                and self.redis.process is not None
-                and self.redis.process.poll() is not None
-            ):
-                raise RuntimeError("the embedded Redis exited")
+            if self.workers is not None:
+                self.workers.check_running()
+            process = self.redis.process if self.redis is not None else None
+            if process is not None and process.poll() is not None:
+                raise ProcessExited(f"the embedded Redis exited with code {process.returncode}")
             time.sleep(0.5)
 
     def stop(self) -> None:
