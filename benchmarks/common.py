@@ -228,7 +228,7 @@ def classify(cmdline: Sequence[str]) -> str:
     text = " ".join(cmdline)
     if "redis-server" in text:
         return "redis"
-    if "celery" in text and "worker" in text:
+    if ("celery" in text and "worker" in text) or "workers.worker" in text:
         return "celery"
     if "workers.cli" in text or text.endswith("voxmill") or " extract " in f" {text} ":
         return "driver"

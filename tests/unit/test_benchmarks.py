@@ -47,6 +47,7 @@ def test_quick_benchmark_writes_results_and_report(tmp_path: Path) -> None:
         assert res["ratio_to_limit"]["median"] > 0
         assert res["stages"]["traced_utterances"] == main["corpus"]["clips"]
         assert res["stages"]["traced_workers"] == main["workers"]
+        assert res["worker_peak_mb"]["median"] > 0  # the sampler recognised the worker processes
     parity = json.loads((results / "core.json").read_text())["parity"]
     assert parity["fbank_worst"]["above_minus5"] <= 5e-4
     assert min(parity["embedding_cosine_vs_knf"].values()) >= 0.9999
