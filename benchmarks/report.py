@@ -308,9 +308,13 @@ def main_section(data: dict[str, Any]) -> Lines:
         rows.append(row)
     header = ["stage"] + [f"{op}: {kind}" for op in ops for kind in ("of wall", "per utterance")]
     lines += table(header, rows)
+    def peak(op: str) -> str:
+        value = data["ops"][op]["worker_peak_mb"]
+        return fmt(value, 0, " MB") if value.get("median") else "not recorded"
+
     lines += [
         "Peak RSS of a worker process during these runs: "
-        + "; ".join(f"{op} {fmt(data['ops'][op]['worker_peak_mb'], 0, ' MB')}" for op in ops)
+        + "; ".join(f"{op} {peak(op)}" for op in ops)
         + ".",
         "",
     ]
