@@ -3,8 +3,8 @@
 Without a broker the run starts its own Redis and local workers, and it starts them first:
 a worker process takes a second or more to import its code and load its models, time this
 process fills with its own imports, probing the corpus (a header read per file: minutes on a
-large corpus) and submitting the shards, which wait in the queue until the workers take them.
-That is why the driver and the Celery app are imported only after the workers are spawned.
+large corpus) and submitting the first shards, which wait in the queue until the workers take
+them. That is why the driver and the Celery app are imported only after the workers are spawned.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ class EmbeddedRun:
             )
 
     def run(self, plan: Plan, source: Path, quiet: bool, started: float) -> dict[str, Any]:
-        """Submit every shard at once (they wait in the queue while the workers load their models)
-        and drive the plan to the end; `RunError` if the workers exit or never get ready."""
+        """Drive the plan to the end, submitting at once (the first shards wait in the queue while
+        the workers load their models); `RunError` if the workers exit or never get ready."""
         import redis
 
         from workers.driver import run_corpus
