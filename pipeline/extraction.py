@@ -33,7 +33,7 @@ WARMUP_SECONDS = 3.0
 # What serving imports lazily. A process that forks serving processes (a prefork worker, the
 # watcher's validator) imports them first, once: importing builds no session and starts no
 # thread, so it is fork-safe, and each forked process is spared about 0.5 s of CPU.
-SERVING_IMPORTS = ("onnxruntime", "pipeline.extraction", "scipy.sparse", "scipy.fft")
+SERVING_IMPORTS = ("onnxruntime", "pipeline.extraction")
 FloatArray = npt.NDArray[np.float32]
 
 

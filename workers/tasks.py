@@ -9,6 +9,7 @@ load that a later generation may fix) is retried, with bounded backoff.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import logging
@@ -328,6 +329,10 @@ def install_worker_hooks(app: Celery, settings: Settings, runner: Runner) -> Non
         runner.holder.configure(queues_from_options(opts, QUEUES), pool_name(opts.get("pool_cls")))
         if runner.holder.pool == "prefork":
             import_serving_modules()
+        # What the imports made lives as long as the process: the collector skips it from now on
+        # (and the pool's processes never copy its pages to count references during collections).
+        gc.freeze()
+        gc.enable()
         if settings.metrics_port:
             metrics.prepare_multiprocess()  # before the pool forks
 

@@ -6,10 +6,10 @@ reference clip once (a worker warms up with `warmup_runs`, 1 by default), check 
 runs in a child process, so a file that crashes or hangs ONNX Runtime costs a rejection, never
 the watcher.
 
-Children are forked from a multiprocessing *forkserver* that imported ONNX Runtime, numpy,
-the feature code and scipy once: a validation costs the model's own load and
-warm-up (~0.1 s for the tiny stand-ins), not ~1.5 s of Python imports on every candidate. The
-forkserver itself never builds a session, so each child starts clean.
+Children are forked from a multiprocessing *forkserver* that imported ONNX Runtime, numpy and
+the feature code (with scipy's FFT and sparse kernels) once: a validation costs the model's own
+load and warm-up (~0.1 s for the tiny stand-ins), not ~1.5 s of Python imports on every
+candidate. The forkserver itself never builds a session, so each child starts clean.
 """
 
 from __future__ import annotations
