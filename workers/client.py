@@ -16,10 +16,9 @@ what has not come back by then is a `timeout` error.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,62 +29,13 @@ from kombu.exceptions import OperationalError
 
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
+from workers.wakeups import ResultWakeups
 
 log = logging.getLogger("voxmill.client")
 TIMEOUT_CODE = "timeout"
 TASK_NAMES = {op: f"voxmill.{op}" for op in OPS}
 POLL_BATCH = 500
-SUBSCRIBE_BATCH = 1000
 POLL_S = 0.25
-
-
-class ResultWakeups:
-    """Says which of a producer's results were just stored (Redis pub/sub on the result keys).
-
-    Only a hint of what to read now: a result itself is always read from its key. Any Redis
-    trouble drops the subscription (`listening` turns False) until `follow` is called again.
-    """
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        self.pubsub: Any = None
-
-    @property
-    def listening(self) -> bool:
-        return self.pubsub is not None
-
-    def follow(self, keys: Sequence[Any]) -> None:
-        """Listen on `keys` (before reading them, so no announcement falls in between)."""
-        try:
-            self.close()
-            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            for start in range(0, len(keys), SUBSCRIBE_BATCH):
-                self.pubsub.subscribe(*keys[start : start + SUBSCRIBE_BATCH])
-        except (redis.RedisError, OSError):
-            self.close()
-
-    def wait(self, timeout_s: float) -> set[Any]:
-        """The keys announced from now until the first announcement, or after `timeout_s` (empty)."""
-        if self.pubsub is None:
-            time.sleep(timeout_s)
-            return set()
-        deadline = time.monotonic() + timeout_s
-        announced: set[Any] = set()
-        try:
-            while not announced and (left := deadline - time.monotonic()) > 0:
-                message = self.pubsub.get_message(timeout=left)
-                while message is not None:  # several results at once: one read serves them all
-                    announced.add(message["channel"])
-                    message = self.pubsub.get_message(timeout=0)
-        except (redis.RedisError, OSError, ValueError):
-            self.close()
-        return announced
-
-    def close(self) -> None:
-        if self.pubsub is not None:
-            with contextlib.suppress(redis.RedisError, OSError):
-                self.pubsub.close()
-        self.pubsub = None
 
 
 def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, TaskResult | None]:

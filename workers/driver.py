@@ -6,7 +6,8 @@ or absent). A shard is done when its file exists, whatever happened to Redis or 
 result. A shard whose task has not finished within its deadline (a few times the median shard
 time, at least a minute) is submitted again; a duplicate run of a shard rewrites identical data
 under the same name, and the merge reads each shard file once, so no utterance is ever counted
-twice.
+twice. Between rounds the driver waits for a shard task to announce its result (`workers.wakeups`),
+at most `READ_EVERY_S`: it neither sleeps past a finished shard nor spins while shards run.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from pipeline.writers import shard_counts, shard_path
 from workers import keys, status
 from workers.plan import Plan, RunError
 from workers.progress import Counts, ProgressView
+from workers.wakeups import ResultWakeups
 
 log = logging.getLogger("voxmill.driver")
-POLL_S = 0.1
+READ_EVERY_S = 1.0  # results are read at least this often, announced or not
 MAX_DEADLINE_DOUBLINGS = 8  # a shard submitted again and again waits at most 8x the deadline
 RECENT_SHARDS = 200  # the deadline follows the median time of the most recent shards
 WINDOW_REFRESH_S = 2.0  # how often the number of live workers is read again
@@ -114,6 +116,7 @@ class CorpusDriver:
         self.redis = redis.Redis.from_url(
             settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5
         )
+        self.wakeups = ResultWakeups(self.redis)
         self._redis_down_since: float | None = None
         self._window_size = 4
         self._window_read_at = -WINDOW_REFRESH_S
@@ -124,15 +127,20 @@ class CorpusDriver:
         by_name = {spec.name: spec for spec in self.ledger.specs}
         for name, value in self.ledger.done.items():
             self._count(by_name[name], value)
-        while not self._all_done():
-            try:
-                self._step()
-                self._redis_down_since = None
-            except (redis.RedisError, OperationalError, OSError) as exc:
-                self._broker_trouble(exc)
-            self.view.update()
-            if not self._all_done():  # the last shard seen: on to the merge at once
-                time.sleep(POLL_S)
+        try:
+            while not self._all_done():
+                if not self.wakeups.listening:  # before reading: no announcement falls in between
+                    self.wakeups.follow_pattern(keys.SHARD_RESULT_PATTERN)
+                try:
+                    self._step()
+                    self._redis_down_since = None
+                except (redis.RedisError, OperationalError, OSError) as exc:
+                    self._broker_trouble(exc)
+                self.view.update()
+                if not self._all_done():  # the last shard seen: on to the merge at once
+                    self.wakeups.wait(READ_EVERY_S)
+        finally:
+            self.wakeups.close()
 
     def _all_done(self) -> bool:
         return len(self.ledger.done) >= len(self.ledger.specs)

@@ -112,14 +112,18 @@ class Runner:
             self.holder.start()
 
     def report_shard(self, task_id: str, result: dict[str, Any]) -> None:
-        """Put a shard's result where the corpus driver polls for it (the shard file is the truth)."""
+        """Put a shard's result where the corpus driver reads it (the shard file is the truth) and
+        announce it on the key's channel, as Celery's backend does for results (`workers.wakeups`)."""
         if not self.settings.broker_url:
             return
         if self._redis is None:  # created in the pool process, after fork
             self._redis = redis.Redis.from_url(self.settings.broker_url, socket_timeout=5)
         try:
             key = keys.SHARD_RESULT.format(task_id=task_id)
-            self._redis.set(key, json.dumps(result), ex=self.settings.result_expires_s)
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.set(key, json.dumps(result), ex=self.settings.result_expires_s)
+            pipe.publish(key, "1")
+            pipe.execute()
         except redis.RedisError as exc:
             log.warning("could not report shard result %s: %s", task_id, exc)
 

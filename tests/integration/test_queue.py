@@ -16,8 +16,10 @@ from kombu import Connection, Exchange, Producer
 
 from pipeline.records import TaskResult
 from tests.conftest import clean_env, flush_keeping_claim, make_settings, voxmill, wait_for
-from workers.client import Client, ResultWakeups
+from tests.helpers import make_audio_folder
+from workers.client import Client
 from workers.embedded import LocalWorkers
+from workers.wakeups import ResultWakeups
 
 
 def sha256(path: Path) -> str:
@@ -83,6 +85,23 @@ def test_the_client_wakes_on_the_result_announcement_not_on_its_poll(worker, set
     assert time.monotonic() - started < 30  # a polling-only client would sleep 60 s
     polling = Client(settings, wakeups=False)
     assert polling.run("embed", [clip], timeout_s=60)[0].error is None
+
+
+def test_the_corpus_driver_wakes_on_shard_announcements_not_on_its_read_interval(
+    worker, settings, scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With results read only every 60 s, six one-clip shards still finish at once: each shard
+    task announces its result and the driver listens (a driver that only read would take minutes:
+    4 shards in flight, each round a minute)."""
+    import workers.driver
+    from workers.extract import extract_corpus
+
+    monkeypatch.setattr(workers.driver, "READ_EVERY_S", 60.0)
+    corpus = make_audio_folder(scratch / "announced-corpus", 6, 1.0, 2.0, seed=11)
+    started = time.monotonic()
+    report = extract_corpus(settings, corpus, scratch / "announced-out", ["embed"], 2, 1, quiet=True)
+    assert report["ops"]["embed"]["ok"] == 6
+    assert time.monotonic() - started < 45
 
 
 def test_result_wakeups_name_the_announced_keys_and_survive_a_close(redis_url: str) -> None:

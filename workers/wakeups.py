@@ -1,0 +1,78 @@
+"""Wake-ups when results are stored: Redis pub/sub on the result keys' own channels.
+
+Celery's Redis backend publishes each stored result on a channel named as its key, and a shard
+task publishes its report the same way (`workers.tasks.Runner.report_shard`). Whoever waits for
+results (the producer client, the corpus driver) listens and reads as soon as something is
+announced, instead of sleeping between reads; it still reads everything now and then, so a lost
+announcement costs a little time, never a result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+SUBSCRIBE_BATCH = 1000
+
+
+class ResultWakeups:
+    """Says which results were just stored (Redis pub/sub on the result keys).
+
+    Only a hint of what to read now: a result itself is always read from its key. Any Redis
+    trouble drops the subscription (`listening` turns False) until `follow` or `follow_pattern`
+    is called again.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.pubsub: Any = None
+
+    @property
+    def listening(self) -> bool:
+        return self.pubsub is not None
+
+    def follow_pattern(self, pattern: str) -> None:
+        """Listen on every channel matching `pattern` (Redis glob), e.g. all shard results."""
+        try:
+            self.close()
+            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            self.pubsub.psubscribe(pattern)
+        except (redis.RedisError, OSError):
+            self.close()
+
+    def follow(self, keys: Sequence[Any]) -> None:
+        """Listen on `keys` (before reading them, so no announcement falls in between)."""
+        try:
+            self.close()
+            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            for start in range(0, len(keys), SUBSCRIBE_BATCH):
+                self.pubsub.subscribe(*keys[start : start + SUBSCRIBE_BATCH])
+        except (redis.RedisError, OSError):
+            self.close()
+
+    def wait(self, timeout_s: float) -> set[Any]:
+        """The keys announced from now until the first announcement, or after `timeout_s` (empty)."""
+        if self.pubsub is None:
+            time.sleep(timeout_s)
+            return set()
+        deadline = time.monotonic() + timeout_s
+        announced: set[Any] = set()
+        try:
+            while not announced and (left := deadline - time.monotonic()) > 0:
+                message = self.pubsub.get_message(timeout=left)
+                while message is not None:  # several results at once: one read serves them all
+                    announced.add(message["channel"])
+                    message = self.pubsub.get_message(timeout=0)
+        except (redis.RedisError, OSError, ValueError):
+            self.close()
+        return announced
+
+    def close(self) -> None:
+        if self.pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self.pubsub.close()
+        self.pubsub = None
