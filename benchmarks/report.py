@@ -716,6 +716,7 @@ SNAPSHOTS = (
     ("step-fbank", "1+2"),
     ("step-blas", "1+2+3"),
     ("step-reload", "1–12"),
+    ("step-start", "1–13"),
 )
 
 
@@ -950,14 +951,16 @@ def before_after(folder: Path) -> Lines:
         lines += [
             "Whole `make bench` main sections, each from its own run with the changes numbered above ("
             + measured
-            + "; `baseline/`, `step-fbank/`, `step-blas/` and `step-reload/` hold their result files). "
-            "Ratios are taken "
+            + "; `baseline/`, `step-fbank/`, `step-blas/`, `step-reload/` and `step-start/` hold their "
+            "result files). Ratios are taken "
             "within each run, so the machine's load "
             "at the time mostly cancels out; walls are not comparable across runs, and neither are "
             "shares that fixed costs drive: the VM's speed varied between sessions by up to about 3 "
-            "times (every column but 1–9 was measured on its slow days; 1–9, on 2026-11-30 "
+            "times (the columns up to 1–13 but 1–9 were measured on its slow days; 1–9, on 2026-11-30 "
             "at 04:39 on a fast one, gave whole process 0.883 / 0.658, per-utterance non-inference 2.4 % / "
-            "11.4 % for tokenize / embed), and fixed costs weigh more against a shorter run. The stage "
+            "11.4 % for tokenize / embed; the last column on a faster VM than 1–13's: the tokenize limit "
+            "65 s against 77 s, so part of 1–13 → now is the VM, and changes 14 and 15 alone are "
+            "measured side by side above), and fixed costs weigh more against a shorter run. The stage "
             "shares come from each run's median `voxmill extract`.",
             "",
         ]

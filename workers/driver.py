@@ -7,7 +7,8 @@ result. A shard whose task has not finished within its deadline (a few times the
 time, at least a minute) is submitted again; a duplicate run of a shard rewrites identical data
 under the same name, and the merge reads each shard file once, so no utterance is ever counted
 twice. Between rounds the driver waits for a shard task to announce its result (`workers.wakeups`),
-at most `READ_EVERY_S`: it neither sleeps past a finished shard nor spins while shards run.
+at most `READ_EVERY_S`: it neither sleeps past a finished shard nor spins while shards run. It
+listens to every run's shard results (a pattern): another run's shard costs it one early read.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     # Importing creates many objects and no garbage: no collections until the worker's imports
-    # are done (about 5 % of its start); `install_worker_hooks` freezes them and collects again.
+    # are done (about 5 % of its start); `install_worker_hooks` freezes what they made and turns
+    # the collector back on before the pool forks.
     gc.disable()
     from workers.app import app, start_worker
 
