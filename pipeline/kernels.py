@@ -58,7 +58,8 @@ class Kernels:
     def __init__(self, pocketfft: ModuleType | None, sparsetools: ModuleType | None) -> None:
         self._pocketfft = pocketfft
         self._sparsetools = sparsetools
-        self.source = "scipy's compiled modules" if pocketfft and sparsetools else "scipy's public functions"
+        self.compiled = pocketfft is not None and sparsetools is not None
+        self.source = "scipy's compiled modules" if self.compiled else "scipy's public functions"
 
     def rfft(self, x: Array) -> Array:
         """The real FFT of `x` along its last axis (complex, n // 2 + 1 bins, no scaling)."""
@@ -138,7 +139,7 @@ def _checked(kernels: Kernels) -> bool:
 def load_kernels() -> Kernels:
     """The compiled kernels if they load and pass the check, otherwise scipy's public functions."""
     direct = Kernels(_load_scipy_extension(POCKETFFT), _load_scipy_extension(SPARSETOOLS))
-    if direct.source == "scipy's compiled modules" and _checked(direct):
+    if direct.compiled and _checked(direct):
         return direct
     return Kernels(None, None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -37,20 +37,23 @@ class ResultWakeups:
 
     def follow_pattern(self, pattern: str) -> None:
         """Listen on every channel matching `pattern` (Redis glob), e.g. all shard results."""
-        try:
-            self.close()
-            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            self.pubsub.psubscribe(pattern)
-        except (redis.RedisError, OSError):
-            self.close()
+        self._listen(lambda pubsub: pubsub.psubscribe(pattern))
 
     def follow(self, keys: Sequence[Any]) -> None:
         """Listen on `keys` (before reading them, so no announcement falls in between)."""
+
+        def subscribe(pubsub: Any) -> None:
+            for start in range(0, len(keys), SUBSCRIBE_BATCH):
+                pubsub.subscribe(*keys[start : start + SUBSCRIBE_BATCH])
+
+        self._listen(subscribe)
+
+    def _listen(self, subscribe: Callable[[Any], None]) -> None:
+        """A new subscription in place of the old one; none when Redis is in trouble."""
         try:
             self.close()
             self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            for start in range(0, len(keys), SUBSCRIBE_BATCH):
-                self.pubsub.subscribe(*keys[start : start + SUBSCRIBE_BATCH])
+            subscribe(self.pubsub)
         except (redis.RedisError, OSError):
             self.close()
 
