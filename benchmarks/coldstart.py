@@ -33,8 +33,8 @@ def timeline_main(
     import onnxruntime  # noqa: F401
 
     from pipeline.demo import speechlike
-    from pipeline.extraction import embedder_inputs, tokenizer_inputs, warm_up
     from pipeline.features import whisper_log_mel
+    from pipeline.inference import embedder_inputs, tokenizer_inputs, warm_up
     from pipeline.registry import Registry
     from pipeline.sessions import ModelSession, SessionOptions
 
@@ -107,9 +107,9 @@ def measure_worker_ready(
     from benchmarks.corpus import WORK_DIR
     from benchmarks.extract_run import read_traces
     from pipeline.settings import Settings
-    from workers import status
-    from workers.app import create_app
     from workers.embedded import EmbeddedRedis, LocalWorkers
+    from workers.observe import status
+    from workers.queue.app import create_app
 
     trace_dir = WORK_DIR / "runs" / f"coldstart-{time.time_ns()}"
     trace_dir.mkdir(parents=True)

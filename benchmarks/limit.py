@@ -33,12 +33,12 @@ def balance(weights: Sequence[float], bins: int) -> list[list[int]]:
 
 
 def model_inputs(op: str, wave: Any) -> list[list[Any]]:
-    """The session inputs of one clip for `op`, exactly as `pipeline.extraction` builds them (one
+    """The session inputs of one clip for `op`, exactly as `pipeline.inference` builds them (one
     list per 30 s window for the tokenizer)."""
     import numpy as np
 
-    from pipeline.extraction import WINDOW_FRAMES, embedder_inputs, tokenizer_inputs, window_starts
     from pipeline.features import whisper_log_mel
+    from pipeline.inference import WINDOW_FRAMES, embedder_inputs, tokenizer_inputs, window_starts
 
     if op == "embed":
         return [embedder_inputs(wave)]
@@ -53,7 +53,7 @@ def _worker(
     model_dir: str, op: str, paths: list[str], threads: int, barrier: Any, results: Any
 ) -> None:  # pragma: no cover - runs in a child process
     from pipeline.audio import load_audio
-    from pipeline.extraction import open_session
+    from pipeline.inference import open_session
     from pipeline.registry import Registry
     from pipeline.sessions import SessionOptions
     from pipeline.settings import AudioLimits

@@ -105,8 +105,8 @@ def main() -> None:
     import numpy as np
 
     from pipeline.demo import speechlike
-    from pipeline.extraction import embedder_inputs, tokenizer_inputs, warmup_wave
     from pipeline.features import whisper_log_mel
+    from pipeline.inference import embedder_inputs, tokenizer_inputs, warmup_wave
     from pipeline.registry import Registry
 
     def inputs_of(wave: Any) -> list[Any]:

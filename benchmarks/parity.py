@@ -178,8 +178,8 @@ def log_mel_change(models: Path, paths: list[str], calls: int = 30) -> dict[str,
     corpus clips, and the process CPU milliseconds per call, each in a fresh process (BLAS
     threads' spinning included; a 10 ms pause after each call, as a model run would leave)."""
     from pipeline.audio import load_audio
-    from pipeline.extraction import tokenizer_inputs
     from pipeline.features import whisper_log_mel
+    from pipeline.inference import tokenizer_inputs
     from pipeline.registry import Registry
     from pipeline.sessions import ModelSession, SessionOptions
     from pipeline.settings import AudioLimits

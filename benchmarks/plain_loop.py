@@ -29,7 +29,7 @@ def main() -> None:
 
     from pipeline import Extractor
     from pipeline.audio import load_audio
-    from pipeline.extraction import Timings, embed, tokenize
+    from pipeline.inference import Timings, embed, tokenize
     from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER
 
     imported = time.time()

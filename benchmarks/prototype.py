@@ -49,8 +49,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from pipeline.settings import Settings
-    from workers.extract import EmbeddedRun, check_models
-    from workers.plan import lock_output, make_plan, read_utterances, reusable_plan
+    from workers.corpus.plan import lock_output, make_plan, read_utterances, reusable_plan
+    from workers.corpus.run import EmbeddedRun, check_models
 
     marks: dict[str, float] = {"imported": time.time()}
     ops = args.ops.split(",")
@@ -62,9 +62,9 @@ def main() -> None:
     resumed = reusable_plan(utts, args.out, ops, args.shard_size, settings)
     check_models(settings, ops)
     if args.order == "plan":
-        import workers.driver
+        import workers.corpus.driver
 
-        workers.driver.longest_first = list  # type: ignore[assignment]  # the driver's old order
+        workers.corpus.driver.longest_first = list  # type: ignore[assignment]  # the driver's old order
     n = args.workers
     local = EmbeddedRun(settings, utts, args.out, ops, n)
     try:

@@ -5,7 +5,7 @@
 - latency: tasks sent one at a time (alternating `tokenize` and `embed` of a 1 s WAV by path);
   overhead = submit -> result (Celery `AsyncResult.get`, which the Redis result backend
   answers by pub/sub) minus the time inside the task (`timings_ms`: decode, features, model).
-  p50 and p99 (target p50 < 5 ms). The same through `workers.client.Client` (`submit` +
+  p50 and p99 (target p50 < 5 ms). The same through `workers.queue.client.Client` (`submit` +
   `as_completed`, which polls the result keys every 20 ms by default), and with a 2 ms poll.
 - throughput: all tasks submitted at once, then collected: tasks per second with 2 worker
   processes.
@@ -79,7 +79,7 @@ def client_latency(settings: Any, clip: Path, count: int, poll_s: float | None) 
     `poll_s` None: the default client (woken by each result's announcement); else a polling-only
     client reading every `poll_s`.
     """
-    from workers.client import POLL_S, Client
+    from workers.queue.client import POLL_S, Client
 
     client = Client(settings, wakeups=poll_s is None)
     poll_s = poll_s or POLL_S
@@ -129,8 +129,8 @@ def latency_split(settings: Any, clip: Path, count: int) -> dict[str, Any]:
     `process` itself, and `process` end -> result seen (back to the producer)."""
     from benchmarks.common import ROOT, TRACE_DIR
     from benchmarks.extract_run import read_traces
-    from workers.app import create_app
     from workers.embedded import LocalWorkers
+    from workers.queue.app import create_app
 
     trace_dir = WORK_DIR / "runs" / f"queue-trace-{time.time_ns()}"
     trace_dir.mkdir(parents=True)
@@ -175,8 +175,8 @@ def latency_split(settings: Any, clip: Path, count: int) -> dict[str, Any]:
 
 def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, Any]:
     from pipeline.settings import Settings
-    from workers.app import create_app
     from workers.embedded import EmbeddedRedis, LocalWorkers
+    from workers.queue.app import create_app
 
     models = make_models("tiny")
     clip = make_clip(WORK_DIR / "queue").resolve()

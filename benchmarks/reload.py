@@ -47,9 +47,9 @@ from pipeline.standin import (
     make_standins,
     make_tokenizer_model,
 )
-from workers.client import Client, Job
 from workers.embedded import EmbeddedRedis, LocalWorkers
-from workers.status import collect_status
+from workers.observe.status import collect_status
+from workers.queue.client import Client, Job
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CLIP = PROJECT_ROOT / "tests" / "fixtures" / "chirp_3s.wav"

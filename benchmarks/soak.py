@@ -11,7 +11,7 @@ extract in turn). Phases:
 1. warm-up: `--warmup` jobs through `--workers` worker processes (one Celery worker, prefork);
    their results are read and deleted, then each process's RSS and Redis `used_memory` are the
    baseline.
-2. soak: `--jobs` jobs submitted with `workers.client.Client.submit`; results are polled by
+2. soak: `--jobs` jobs submitted with `workers.queue.client.Client.submit`; results are polled by
    task id with MGET and *not* deleted, so they stay until `result_expires_s` (set short) runs
    out. Lost: a submitted id without a SUCCESS result, or a result carrying an error.
    Duplicated: an id that the workers' per-task log line ("task <id> op=...") shows more than
@@ -53,10 +53,10 @@ import soundfile as sf
 from pipeline.demo import speechlike
 from pipeline.settings import Settings
 from pipeline.standin import make_standins
-from workers.client import Client, Job
 from workers.embedded import EmbeddedRedis, LocalWorkers
 from workers.keys import QUEUES
-from workers.status import worker_records
+from workers.observe.status import worker_records
+from workers.queue.client import Client, Job
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 OPS = ("tokenize", "embed", "extract")

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from pipeline import errors
 from pipeline.audio import load_audio
 from pipeline.errors import VoxmillError
-from pipeline.extraction import embed, open_session, tokenize
+from pipeline.inference import embed, open_session, tokenize
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES
 from pipeline.registry import Registry
 from pipeline.sessions import ModelSession, SessionOptions

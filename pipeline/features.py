@@ -6,18 +6,18 @@
 
 Neither calls BLAS: the mel products are sparse. Worker processes run one single-threaded model
 each, one per core; a BLAS call would start a thread per core that then competes with them.
-The FFT and the sparse products are scipy's kernels (`pipeline.kernels`).
+The FFT and the sparse products are scipy's (imported on first use: a producer importing this
+module pays nothing for them).
 """
 
 from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-from pipeline.kernels import KERNELS, CsrMatrix
 
 SAMPLE_RATE_HZ = 16000
 N_FFT = 400
@@ -62,7 +62,7 @@ def mel_filters(n_mels: int) -> FloatArray:
 
 
 @lru_cache(maxsize=4)
-def _sparse_mel_filters(n_mels: int) -> CsrMatrix:
+def _sparse_mel_filters(n_mels: int) -> Any:
     """`mel_filters` as a float64 CSR matrix (about 400 of 25728 weights are non-zero).
 
     A dense float32 product would go to BLAS, and OpenBLAS wakes one thread per core for it:
@@ -70,7 +70,9 @@ def _sparse_mel_filters(n_mels: int) -> CsrMatrix:
     BENCHMARKS.md). This product needs no BLAS and is exact to float32 rounding (within one ulp
     of the BLAS one).
     """
-    return CsrMatrix.from_dense(mel_filters(n_mels).astype(np.float64))
+    import scipy.sparse
+
+    return scipy.sparse.csr_matrix(mel_filters(n_mels).astype(np.float64))
 
 
 @lru_cache(maxsize=1)
@@ -99,8 +101,7 @@ def whisper_log_mel(wave: FloatArray, n_mels: int = 128) -> FloatArray:
     log10 of the mel power floored at 1e-10, clamped to (max - 8), then (x + 4) / 4. The mel
     product is sparse and in float64 (`_sparse_mel_filters`): no BLAS call, so no BLAS threads.
     """
-    mel = KERNELS.csr_matmul(_sparse_mel_filters(n_mels), power_spectrum(wave).astype(np.float64))
-    mel = mel.astype(np.float32)
+    mel = np.asarray(_sparse_mel_filters(n_mels) @ power_spectrum(wave).astype(np.float64)).astype(np.float32)
     log_spec = np.log10(np.maximum(mel, np.float32(1e-10)))
     log_spec = np.maximum(log_spec, log_spec.max() - np.float32(8.0))
     out: FloatArray = ((log_spec + np.float32(4.0)) / np.float32(4.0)).astype(np.float32, copy=False)
@@ -131,10 +132,12 @@ def kaldi_mel_banks(num_mel_bins: int) -> npt.NDArray[np.float64]:
 
 
 @lru_cache(maxsize=4)
-def _sparse_mel_banks(num_mel_bins: int) -> CsrMatrix:
+def _sparse_mel_banks(num_mel_bins: int) -> Any:
     """`kaldi_mel_banks` as a CSR matrix: each filter covers a few FFT bins (about 500 of 20480
     weights are non-zero), and a sparse product never starts BLAS threads."""
-    return CsrMatrix.from_dense(kaldi_mel_banks(num_mel_bins).astype(np.float32))
+    import scipy.sparse
+
+    return scipy.sparse.csr_matrix(kaldi_mel_banks(num_mel_bins).astype(np.float32))
 
 
 @lru_cache(maxsize=1)
@@ -174,6 +177,8 @@ def kaldi_fbank(wave: FloatArray, num_mel_bins: int = 80) -> FloatArray:
     float32, as torch computes them (twice as fast as float64, and as near torch's output where
     it matters: numbers in BENCHMARKS.md).
     """
+    import scipy.fft
+
     samples = np.asarray(wave, dtype=np.float32).reshape(-1)
     n_frames = 1 + (len(samples) - KALDI_FRAME) // KALDI_SHIFT if len(samples) >= KALDI_FRAME else 0
     feats: FloatArray = np.empty((n_frames, num_mel_bins), dtype=np.float32)
@@ -192,10 +197,10 @@ def kaldi_fbank(wave: FloatArray, num_mel_bins: int = 80) -> FloatArray:
         block = padded[: last - first]
         np.subtract(frames[first:last], offsets32[first:last, np.newaxis], out=block[:, 1:KALDI_FRAME])
         block[:, 1:KALDI_FRAME] *= window
-        spectrum = KERNELS.rfft(block)[:, : KALDI_FFT // 2]
+        spectrum = scipy.fft.rfft(block, axis=-1)[:, : KALDI_FFT // 2]
         power = np.square(spectrum.real)
         power += np.square(spectrum.imag)
-        energies = KERNELS.csr_matmul(banks, power.T)  # [bins, frames]
+        energies = np.asarray(banks @ power.T)  # [bins, frames]
         np.log(np.maximum(energies, FLOAT32_EPS).T, out=feats[first:last], casting="same_kind")
     return feats
 

@@ -24,8 +24,8 @@ it while building the session from the source + `commit`; `prune` after a commit
 
 Known hashes: hashing the full tokenizer (half a gigabyte) is most of a cache hit's load. Once a
 process on this machine has hashed a model file, `remember_sha256` records its sha256 under the
-file's identity: device, inode, size, modification and change times in nanoseconds (git's index
-trusts the same fields). A later load of the same unchanged file (`known_sha256`: the watcher
+file's identity (`pipeline.identity.FileIdentity`: device, inode, size, modification and change
+times). A later load of the same unchanged file (`known_sha256`: the watcher
 hashed it when it settled, so its validator, every worker's reload and every restart skip it)
 takes the sha256 from there; a file changed less than a second before it was opened is never
 recorded (`pipeline.sessions.RACY_MARGIN_NS`: file times tick coarsely). Writing the file in
@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from pipeline.identity import FileIdentity
 
 log = logging.getLogger("voxmill.model_cache")
 
@@ -89,11 +91,6 @@ def cache_key(model_sha256: str, ort_version: str, provider: str = "cpu", cpu: s
     cpu = cpu or cpu_fingerprint()
     parts = f"format={FORMAT}|sha256={model_sha256}|ort={ort_version}|provider={provider}|cpu={cpu}"
     return f"{model_sha256[:16]}-{hashlib.sha256(parts.encode()).hexdigest()[:16]}"
-
-
-def file_identity(st: os.stat_result) -> str:
-    """What changes whenever a file's content may have: device, inode, size, mtime and ctime (ns)."""
-    return f"{st.st_dev:x}-{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ctime_ns:x}"
 
 
 def untrusted_reason(folder: Path) -> str | None:
@@ -202,9 +199,9 @@ class ModelCache:
         self.prune()
         return CacheEntry(final) if final.is_dir() else None
 
-    def known_sha256(self, opened: os.stat_result) -> str | None:
+    def known_sha256(self, opened: FileIdentity) -> str | None:
         """The sha256 recorded for a file with exactly this identity, or None."""
-        record = self.root / HASHES_DIR / file_identity(opened)
+        record = self.root / HASHES_DIR / opened.key
         try:
             if untrusted_reason(record.parent):
                 return None
@@ -213,7 +210,7 @@ class ModelCache:
             return None
         return sha256 if len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256) else None
 
-    def remember_sha256(self, opened: os.stat_result, sha256: str) -> None:
+    def remember_sha256(self, opened: FileIdentity, sha256: str) -> None:
         """Record the sha256 of a file just hashed whole, under its identity when opened."""
         folder = self.root / HASHES_DIR
         with contextlib.suppress(OSError):
@@ -221,7 +218,7 @@ class ModelCache:
             fd, staging = tempfile.mkstemp(prefix=".", dir=folder)
             with os.fdopen(fd, "w") as stream:
                 stream.write(sha256)
-            os.replace(staging, folder / file_identity(opened))
+            os.replace(staging, folder / opened.key)
             records = sorted(
                 (p for p in folder.iterdir() if not p.name.startswith(".")),
                 key=lambda p: p.stat().st_mtime,

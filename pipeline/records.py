@@ -73,6 +73,8 @@ class ModelRef:
 class ShardSpec:
     """One unit of corpus work: some utterances, one op, one output file.
 
+    `run` names the run whose driver hears of the shard once its file is written ('' : nobody).
+
     >>> ShardSpec(shard=3, op="embed", out_dir="/runs/x", utts=[Utterance("a", "/d/a.wav")])
     """
 
@@ -80,6 +82,7 @@ class ShardSpec:
     op: str
     out_dir: str
     utts: list[Utterance] = field(default_factory=list)
+    run: str = ""
 
     @property
     def name(self) -> str:
@@ -96,6 +99,7 @@ class ShardSpec:
             "op": self.op,
             "out_dir": self.out_dir,
             "utts": [u.to_dict() for u in self.utts],
+            "run": self.run,
         }
 
     @classmethod
@@ -105,12 +109,14 @@ class ShardSpec:
             op=str(data["op"]),
             out_dir=str(data["out_dir"]),
             utts=[Utterance.from_dict(u) for u in data["utts"]],
+            run=str(data.get("run") or ""),
         )
 
 
 @dataclass(frozen=True)
 class ShardResult:
-    """What a shard task reports back: counts, where its file is, and the models used."""
+    """What a shard task announces once its file is written: counts, where the file is, the
+    models used; or, with `error`, why the whole shard could not be done."""
 
     shard: int
     op: str
@@ -121,6 +127,10 @@ class ShardResult:
     seconds: float
     models: dict[str, dict[str, str]] = field(default_factory=dict)
     error: dict[str, str] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}-{self.shard:06d}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

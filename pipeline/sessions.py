@@ -30,7 +30,8 @@ import numpy.typing as npt
 from pipeline import errors
 from pipeline.errors import VoxmillError
 from pipeline.host import HostInfo, detect_host
-from pipeline.model_cache import CacheEntry, ModelCache, cache_key, file_identity, save_options
+from pipeline.identity import FileIdentity
+from pipeline.model_cache import CacheEntry, ModelCache, cache_key, save_options
 from pipeline.providers import (
     CPU,
     ProviderChoice,
@@ -134,7 +135,7 @@ class PinnedModelFile:
     `read_model_bytes` does.
 
     With `known` (the optimized-model cache), a file this machine already hashed, unchanged
-    since (same identity: `model_cache.file_identity`), takes its sha256 from there instead of
+    since (same `FileIdentity`), takes its sha256 from there instead of
     being read (`hashed` False); a file hashed here is recorded for the next load.
     """
 
@@ -149,12 +150,12 @@ class PinnedModelFile:
         except OSError as exc:
             raise _unreadable(path, exc) from None
         try:
-            self.opened = os.fstat(self.fd)
+            self.opened = FileIdentity.from_stat(path, os.fstat(self.fd))
             remembered = known.known_sha256(self.opened) if known is not None else None
             self.hashed = remembered is None
             if remembered and check_head:  # still refused as precisely as when it is read
                 head = os.pread(self.fd, len(LFS_POINTER_PREFIX), 0)
-                _check_model_head(path, head, self.opened.st_size)
+                _check_model_head(path, head, self.opened.size)
             self.sha256 = remembered or self._hash()
             if known is not None and self.hashed and self._settled_before(opened_at_ns):
                 known.remember_sha256(self.opened, self.sha256)
@@ -187,17 +188,15 @@ class PinnedModelFile:
         one could leave the identity unchanged. A file last changed `RACY_MARGIN_NS` before it
         was opened cannot: any later write stamps a later time (git's "racy clean" rule).
         """
-        last_change_ns = max(self.opened.st_mtime_ns, self.opened.st_ctime_ns)
-        unchanged = file_identity(os.fstat(self.fd)) == file_identity(self.opened)
-        return unchanged and last_change_ns < opened_at_ns - RACY_MARGIN_NS
+        unchanged = FileIdentity.from_stat(self.path, os.fstat(self.fd)) == self.opened
+        return unchanged and self.opened.last_change_ns < opened_at_ns - RACY_MARGIN_NS
 
     def check_unchanged(self) -> None:
         """`model_error` when the file was written in place (or, read by path, replaced) since hashing."""
-        now = os.fstat(self.fd)  # not the change time: unlinking the file (a rename over it) sets it
-        changed = (now.st_size, now.st_mtime_ns) != (self.opened.st_size, self.opened.st_mtime_ns)
+        changed = FileIdentity.from_stat(self.path, os.fstat(self.fd)).written_since(self.opened)
         if not changed and self.source == str(self.path):
             with contextlib.suppress(OSError):
-                changed = os.stat(self.path).st_ino != self.opened.st_ino
+                changed = os.stat(self.path).st_ino != self.opened.inode
         if changed:
             raise VoxmillError(
                 errors.MODEL_ERROR,

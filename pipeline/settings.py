@@ -1,19 +1,23 @@
 """One frozen `Settings`, read once from `config/voxmill.yaml` and `VOXMILL_*` variables.
 
-`Settings.load(environ, path)` is the only place in voxmill that reads the environment;
-everything else receives the result as an argument.
+Every default is defined here, once, with the sentence that explains it; `config/voxmill.yaml`
+is rendered from these fields (`python -m pipeline.settings > config/voxmill.yaml`, and a test
+checks the file is what that prints). `Settings.load(environ, path)` is the only place in
+voxmill that reads the environment; everything else receives the result as an argument.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "VOXMILL_"
@@ -36,58 +40,134 @@ class AudioLimits:
     max_sample_rate_hz: int = 192000
 
 
+def _f(default: Any, about: str) -> Any:
+    return Field(default, description=about)
+
+
 class Settings(BaseSettings):
     """Everything configurable. Field `x` is set by `VOXMILL_X` or by key `x` in the YAML file."""
 
     model_config = SettingsConfigDict(frozen=True, extra="forbid")
 
     # Broker and results
-    broker_url: str | None = None
-    result_backend_url: str | None = None
-    visibility_timeout_s: int = 3600
-    result_expires_s: int = 3600
-    task_time_limit_s: int = 1800
+    broker_url: str | None = _f(
+        None,
+        "redis://[:password@]host:6379/0, or rediss:// for TLS. Unset: the commands that can start "
+        "an embedded Redis (extract, up, demo) do; the others say what to set.",
+    )
+    result_backend_url: str | None = _f(None, "Where results are stored; unset: the broker.")
+    visibility_timeout_s: int = _f(
+        3600, "An unacknowledged task is delivered again after this long; must exceed task_time_limit_s."
+    )
+    result_expires_s: int = _f(3600, "Results nobody read are deleted after this long.")
+    task_time_limit_s: int = _f(1800, "A task running longer is killed (its soft limit is 30 s earlier).")
     # Models and providers
-    model_dir: Path = Path("models")
-    provider: Provider = "auto"
-    intra_op_threads: int = 1
-    warmup_runs: int = 1
-    cuda_device_id: int = 0
-    cuda_mem_limit_bytes: int = 0
-    cudnn_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = "HEURISTIC"
-    trt_fp16: bool = False
-    engine_cache_dir: Path = Path(".voxmill/engines")
-    model_cache: bool = True
-    model_cache_dir: Path = Path(".voxmill/ort-cache")
-    model_cache_keep: int = 6
+    model_dir: Path = _f(
+        Path("models"),
+        "The model folder: speech_tokenizer_v*.onnx and/or campplus.onnx (a CosyVoice model folder "
+        "such as pretrained_models/CosyVoice2-0.5B works as it is).",
+    )
+    provider: Provider = _f(
+        "auto", "auto (TensorRT, else CUDA, else CPU, by what is installed) | cpu | cuda | tensorrt."
+    )
+    intra_op_threads: int = _f(1, "ONNX Runtime threads per session: one per process, one process per core.")
+    warmup_runs: int = _f(
+        1,
+        "Runs of a 3 s clip before a new session serves (a second run did not change the first real "
+        "clip's latency).",
+    )
+    cuda_device_id: int = _f(0, "The GPU a worker uses (run one worker per GPU).")
+    cuda_mem_limit_bytes: int = _f(0, "Cap of each session's CUDA memory arena; 0: none.")
+    cudnn_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = _f(
+        "HEURISTIC", "cuDNN's convolution search; EXHAUSTIVE searches again for every new input length."
+    )
+    trt_fp16: bool = _f(False, "Build and use fp16 TensorRT engines.")
+    engine_cache_dir: Path = _f(Path(".voxmill/engines"), "Where TensorRT engines are kept.")
+    model_cache: bool = _f(
+        True,
+        "Optimized-model cache (CPU): ONNX Runtime's optimised graph of each model is saved on first load "
+        "and reused, and the sha256 of model files already hashed on this machine is remembered. The "
+        "folder must be yours and not writable by others, or it is ignored with a warning.",
+    )
+    model_cache_dir: Path = _f(Path(".voxmill/ort-cache"), "The optimized-model cache's folder.")
+    model_cache_keep: int = _f(6, "Cache entries kept; the least recently used go first.")
     # Input safety
-    allowed_roots: tuple[Path, ...] = ()
-    max_file_bytes: int = AudioLimits.max_file_bytes
-    max_payload_bytes: int = AudioLimits.max_payload_bytes
-    min_duration_s: float = AudioLimits.min_duration_s
-    max_duration_s: float = AudioLimits.max_duration_s
-    min_sample_rate_hz: int = AudioLimits.min_sample_rate_hz
-    max_sample_rate_hz: int = AudioLimits.max_sample_rate_hz
+    allowed_roots: tuple[Path, ...] = _f(
+        (),
+        "Folders path jobs may read, after resolving symlinks (a list here, ':'-separated in the "
+        "environment); empty: the worker's working directory.",
+    )
+    max_file_bytes: int = _f(
+        AudioLimits.max_file_bytes, "Largest audio file read (256 MiB), checked before reading."
+    )
+    max_payload_bytes: int = _f(AudioLimits.max_payload_bytes, "Largest raw-bytes job (32 MiB).")
+    min_duration_s: float = _f(AudioLimits.min_duration_s, "Shorter clips are too_short.")
+    max_duration_s: float = _f(AudioLimits.max_duration_s, "Longer clips are too_long, told from the header.")
+    min_sample_rate_hz: int = _f(AudioLimits.min_sample_rate_hz, "Lowest sample rate accepted.")
+    max_sample_rate_hz: int = _f(AudioLimits.max_sample_rate_hz, "Highest sample rate accepted.")
     # Workers
-    worker_proc_alive_timeout_s: float = 120.0
-    worker_max_memory_per_child_kb: int = 0
-    worker_reload_check_s: float = 1.0
-    reload_slots: int = 0
-    reload_retry_max_s: float = 60.0
-    reload_aside_min_mb: float = 100.0
+    worker_proc_alive_timeout_s: float = _f(
+        120.0, "Time a pool process may take to load and warm up its models."
+    )
+    worker_max_memory_per_child_kb: int = _f(
+        0, "A pool process above this resident memory after a task is replaced; 0: never."
+    )
+    model_retries: int = _f(
+        8, "A job that finds its model not loaded (still loading, or a broken file) is retried this often."
+    )
+    heartbeat_interval_s: float = _f(
+        2.0, "How often a worker process writes its record for `voxmill status`."
+    )
+    heartbeat_ttl_s: int = _f(15, "A worker process whose record is older is taken for dead.")
+    # Hot reload
+    worker_reload_check_s: float = _f(
+        1.0, "How often a worker looks at the published generations without an announcement."
+    )
+    reload_slots: int = _f(
+        0, "Processes per machine loading a new model of a role at once; 0: half of those serving it."
+    )
+    reload_slot_ttl_s: int = _f(
+        300,
+        "A reload slot, or the machine's aside lock, held by a dead process is free again after this long.",
+    )
+    reload_retry_max_s: float = _f(
+        60.0, "A failed reload (out of memory, say) is retried, backing off to this."
+    )
+    reload_aside_min_mb: float = _f(
+        100.0,
+        "A process reloading a model file at least this large stands aside (takes no task; one per "
+        "machine, and only when other processes serve its roles).",
+    )
+    reload_aside_wait_max_s: float = _f(30.0, "A task waits at most this long for a process standing aside.")
+    reload_drain_max_s: float = _f(
+        5.0, "A process standing aside waits this long at most for its running task."
+    )
     # Corpus runs
-    shard_size: int = 32
-    shard_deadline_min_s: float = 60.0
-    shard_deadline_factor: float = 4.0
+    shard_size: int = _f(
+        32,
+        "Utterances per shard; fewer for a small corpus, so that every worker process gets six shards "
+        "(`extract --shard-size` fixes it).",
+    )
+    shard_deadline_min_s: float = _f(
+        60.0, "A shard not done within max(this, factor x the median shard time) is submitted again."
+    )
+    shard_deadline_factor: float = _f(4.0, "See shard_deadline_min_s.")
+    local_ready_timeout_s: float = _f(
+        120.0, "An embedded run whose local workers have not loaded their models by then stops."
+    )
     # Watcher
-    watch_quiet_s: float = 1.0
-    watch_writing_max_s: float = 30.0
-    watch_validate_timeout_s: float = 600.0
+    watch_quiet_s: float = _f(1.0, "A model file is a candidate once unchanged this long...")
+    watch_writing_max_s: float = _f(
+        30.0, "... and closed by its writer, or unchanged this long while held open."
+    )
+    watch_validate_timeout_s: float = _f(
+        600.0, "A validation (load, signature, one run) that takes longer is a rejection."
+    )
     # Observability
-    metrics_port: int | None = None
-    watcher_metrics_port: int | None = None
-    log_format: Literal["text", "json"] = "text"
-    log_level: str = "INFO"
+    metrics_port: int | None = _f(None, "Prometheus endpoint of a worker host (all its pool processes).")
+    watcher_metrics_port: int | None = _f(None, "The watcher's own endpoint (publications, rejections).")
+    log_format: Literal["text", "json"] = _f("text", "text | json (one object per line).")
+    log_level: str = _f("INFO", "DEBUG | INFO | WARNING | ERROR.")
 
     @classmethod
     def settings_customise_sources(
@@ -172,3 +252,39 @@ def redact_url(url: str | None) -> str | None:
     creds, host = rest.rsplit("@", 1)
     user = creds.split(":", 1)[0] if ":" in creds else ""
     return f"{scheme}://{user}:***@{host}"
+
+
+# The comment above each group of keys in config/voxmill.yaml, by the group's first key.
+SECTIONS = {
+    "broker_url": "Broker and results",
+    "model_dir": "Models and providers",
+    "allowed_roots": "Input safety",
+    "worker_proc_alive_timeout_s": "Workers",
+    "worker_reload_check_s": "Hot reload",
+    "shard_size": "Corpus runs",
+    "watch_quiet_s": "Watcher",
+    "metrics_port": "Observability",
+}
+CONFIG_HEADER = """\
+# voxmill's settings and their defaults, rendered from pipeline/settings.py
+# (`python -m pipeline.settings > config/voxmill.yaml`; edit the defaults there, not here).
+# Every key can be overridden by an environment variable VOXMILL_<KEY> (for example
+# VOXMILL_BROKER_URL, VOXMILL_MODEL_DIR). Point VOXMILL_CONFIG at another file to replace this one.
+"""
+
+
+def render_config() -> str:
+    """`config/voxmill.yaml`: every setting with its default, under its explanation."""
+    lines = [CONFIG_HEADER.rstrip()]
+    defaults = Settings().model_dump(mode="json")
+    for name, info in Settings.model_fields.items():
+        if name in SECTIONS:
+            lines.append(f"\n# -- {SECTIONS[name]} " + "-" * (95 - len(SECTIONS[name])))
+        lines += textwrap.wrap(info.description or "", width=98, initial_indent="# ", subsequent_indent="# ")
+        value = yaml.safe_dump(defaults[name], default_flow_style=True, width=200)
+        lines.append(f"{name}: {value.removesuffix(chr(10) + '...' + chr(10)).strip()}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_config())

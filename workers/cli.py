@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import signal
@@ -37,7 +36,7 @@ def load_settings() -> Settings:
 
 def require_broker(settings: Settings) -> str:
     if not settings.broker_url:
-        from workers.client import BrokerNotConfigured
+        from workers.queue.client import BrokerNotConfigured
 
         err.print(f"[red]error:[/red] {BrokerNotConfigured()}")
         raise typer.Exit(2)
@@ -64,22 +63,19 @@ def worker(
     revokes tasks, so a worker does not spend a second at start asking its neighbours for their
     revoked ids (mingle), nor follow every other worker's heartbeats (gossip).
     """
-    from workers.gpu import check_pool_for_provider
+    from workers.worker import build_worker_app, check_pool_for_provider, start_worker
 
-    if log_format:
-        os.environ["VOXMILL_LOG_FORMAT"] = log_format  # read by workers.app's settings
     settings = load_settings()
+    if log_format:
+        settings = settings.model_copy(update={"log_format": log_format})
     require_broker(settings)
     problem = check_pool_for_provider(settings, pool)
     if problem:
         err.print(f"[red]error:[/red] {problem}")
         raise typer.Exit(2)
-    from workers.app import app as celery_app
-    from workers.app import start_worker
-
     queue_list = [q.strip() for q in queues.split(",") if q.strip()]
     code = start_worker(
-        celery_app,
+        build_worker_app(settings),
         queue_list,
         concurrency or os.cpu_count() or 1,
         pool,
@@ -130,8 +126,8 @@ def watch(
     log_format: str = typer.Option("", "--log-format", help="text | json (default: settings' log_format)."),
 ) -> None:
     """Watch the model folder: validate each new model file, publish it; the workers swap to it."""
-    from workers.logs import setup_logging
-    from workers.watcher import serve
+    from workers.observe.logs import setup_logging
+    from workers.reload.watcher import serve
 
     settings = load_settings()
     require_broker(settings)
@@ -151,7 +147,7 @@ def submit(
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for all results."),
 ) -> None:
     """Submit audio to the workers; exit 0 when every input succeeded, 1 otherwise."""
-    from workers.client import Client
+    from workers.queue.client import Client
 
     if op not in ("tokenize", "embed", "extract"):
         err.print(f"[red]error:[/red] op must be tokenize, embed or extract, not {op!r}")
@@ -159,7 +155,7 @@ def submit(
     import redis
     from kombu.exceptions import OperationalError
 
-    from workers.client import read_payload
+    from workers.queue.client import read_payload
 
     settings = load_settings()
     require_broker(settings)
@@ -225,8 +221,8 @@ def extract(
     Without VOXMILL_BROKER_URL it starts an embedded Redis and local workers; with it, it only
     submits shards and waits for workers anywhere that can read the same paths.
     """
-    from workers.extract import extract_corpus
-    from workers.plan import RunError
+    from workers.corpus.plan import RunError
+    from workers.corpus.run import extract_corpus
 
     op_list = [op.strip() for op in ops.split(",") if op.strip()]
     bad = [op for op in op_list if op not in ("tokenize", "embed")]
@@ -288,8 +284,8 @@ def demo(
     """Generate a small demo corpus and tiny stand-in models, then run `extract` on it (embedded Redis)."""
     from pipeline.demo import make_demo_corpus
     from pipeline.standin import make_standins
-    from workers.extract import extract_corpus
-    from workers.plan import RunError
+    from workers.corpus.plan import RunError
+    from workers.corpus.run import extract_corpus
 
     settings = load_settings()
     data_dir = make_demo_corpus(folder / "corpus")
@@ -316,7 +312,7 @@ def demo(
 
 def print_outputs(out_dir: Path, report: dict[str, Any]) -> None:
     """The summary of a run and its output files, one per line."""
-    from workers.progress import summary_line, summary_table
+    from workers.corpus.progress import summary_line, summary_table
 
     out.print(summary_table(report, str(out_dir)))
     out.print(summary_line(report))
@@ -337,8 +333,8 @@ def status(as_json: bool = typer.Option(False, "--json", help="Stable JSON for s
     """Queues, workers and their models, published generations, rejections, throughput."""
     import redis
 
-    from workers.status import collect_status
-    from workers.status_view import render_status
+    from workers.observe.status import collect_status
+    from workers.observe.status_view import render_status
 
     settings = load_settings()
     url = require_broker(settings)
@@ -383,7 +379,7 @@ def models_list(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """What a model folder holds and which known variants were recognised (by sha256 or name)."""
-    from workers.model_info import describe_folder, render_models
+    from workers.models import describe_folder, render_models
 
     settings = load_settings()
     rows = describe_folder(model_dir or settings.model_dir, load=False)
@@ -399,7 +395,7 @@ def models_verify(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Load every model of a folder, check its signature and warm it up; exit 1 if any fails."""
-    from workers.model_info import describe_folder, render_models
+    from workers.models import describe_folder, render_models
 
     settings = load_settings()
     rows = describe_folder(model_dir or settings.model_dir, load=True, settings=settings)
@@ -423,7 +419,7 @@ def models_build_engine(
     from pipeline.engines import build_engines, tensorrt_unavailable
     from pipeline.errors import VoxmillError
     from pipeline.sessions import SessionOptions
-    from workers.model_info import render_builds
+    from workers.models import render_builds
 
     settings = load_settings()
     missing = tensorrt_unavailable()
@@ -439,13 +435,7 @@ def models_build_engine(
 
 
 def main() -> None:
-    try:
-        app()
-    finally:
-        # The command is done. Interpreter shutdown would now walk every object Celery, Arrow
-        # and pydantic created with the cyclic collector (about 0.2 s after `extract`); frozen
-        # objects are left to the operating system. Finalizers and atexit handlers still run.
-        gc.freeze()
+    app()
 
 
 if __name__ == "__main__":

@@ -206,8 +206,6 @@ class LocalWorkers:
         self.extra_env = extra_env or {}
         self.process: subprocess.Popen[bytes] | None = None
         self._log: BinaryIO | None = None
-        self._started_at = 0.0
-        self._ready_seen = False
 
     def start(self) -> LocalWorkers:
         env = {**os.environ, **self.settings.to_env(), **self.extra_env, "PYTHONUNBUFFERED": "1"}
@@ -226,8 +224,6 @@ class LocalWorkers:
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
-        self._started_at = time.monotonic()
-        self._ready_seen = False
         return self
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
@@ -250,25 +246,15 @@ class LocalWorkers:
 
     def ready(self, client: redis.Redis) -> bool:
         """Whether every pool process has loaded its models; `ProcessExited` if the worker exited."""
-        from workers import status
-
         self.check_running()
+        return self.ready_count(client) >= self.concurrency
+
+    def ready_count(self, client: redis.Redis) -> int:
+        """This worker's pool processes that have loaded their models (their heartbeats say so)."""
+        from workers.observe import status
+
         pid = self.process.pid if self.process else -1
-        return status.count_ready_workers(client, parent_pid=pid) >= self.concurrency
-
-    def check(self, client: redis.Redis, ready_timeout_s: float = 120.0) -> None:
-        """For a caller that goes on while the workers start (its tasks wait in the queue):
-        `ProcessExited` if the worker has exited, TimeoutError if its processes are not all ready
-        `ready_timeout_s` after it started. Cheap once they have been ready."""
-        self.check_running()
-        if self._ready_seen:
-            return
-        if self.ready(client):
-            self._ready_seen = True
-        elif time.monotonic() - self._started_at > ready_timeout_s:
-            raise TimeoutError(
-                f"the local workers did not load their models within {ready_timeout_s:g} s{self._see_log()}"
-            )
+        return status.count_ready_workers(client, parent_pid=pid)
 
     def check_running(self) -> None:
         """`ProcessExited` (with the exit code and where the log is) unless the worker runs."""

@@ -17,10 +17,9 @@ WORKER = PREFIX + ":worker:{worker_id}"
 WORKER_PATTERN = PREFIX + ":worker:*"
 # Sorted set of completion times (score) of recent tasks, for throughput over the last minute.
 COMPLETIONS = PREFIX + ":completions"
-# A corpus shard task's result (a ShardResult as JSON), read by the driver; expires. Also the
-# channel the task announces it on (the driver listens on SHARD_RESULT_PATTERN).
-SHARD_RESULT = PREFIX + ":shard-result:{task_id}"
-SHARD_RESULT_PATTERN = PREFIX + ":shard-result:*"
+# Pub/sub channel of one corpus run: a shard task announces each shard it wrote (a ShardResult as
+# JSON) to the run's driver. The shard file is the truth; a lost announcement costs a stat.
+SHARDS_DONE_CHANNEL = PREFIX + ":run:{run}:shards-done"
 # Short-lived locks limiting how many processes of one machine reload a role at the same time.
 RELOAD_SLOT = PREFIX + ":reload-slot:{host}:{role}:{slot}"
 # The candidate a machine's watcher is validating for a role (JSON: sha256, file, since); expires.

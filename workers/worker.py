@@ -1,34 +1,254 @@
-"""`python -m workers.worker`: the Celery worker that local clusters start (`voxmill extract`
-without a broker, `voxmill up`). The same worker as `voxmill worker`, without the command line's
-own imports (Typer, Rich) or Celery's: every local run waits for this process to start.
+"""A voxmill worker: the Celery app with its task handlers, and what each worker process holds.
+
+`build_worker_app(settings)` is the one place a worker is put together: `create_app` (queues,
+task names), the task handlers (`workers.queue.tasks`) and a `WorkerProcess`, whose models are
+loaded in every pool process after the fork (or in the main process of a solo/threads worker).
+`voxmill worker`, `celery -A workers.app worker` and `python -m workers.worker` (what local
+clusters start: no Typer, Rich or Celery command line to import) all run it.
 
     python -m workers.worker -Q tokenize,embed -c 2 [--pool prefork] [-l INFO] [-n NAME]
+
+GPU workers never fork after CUDA is initialised (a CUDA context does not survive `fork()`):
+they run `--pool solo` (one process, one session per GPU) or `--pool threads -c N` (N threads
+sharing one session per role: ONNX Runtime's `run()` is thread-safe), never `prefork`
+(`check_pool_for_provider` refuses it before Celery starts). Hot reload on a GPU builds the new
+session beside the old one, so the GPU holds two copies for a moment.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import importlib
+import logging
+import os
+import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+from celery import Celery, signals
+
+from pipeline.inference import SERVING_IMPORTS
+from pipeline.providers import CPU, choose_providers
+from pipeline.records import ROLES_BY_OP
+from pipeline.registry import Registry
+from pipeline.sessions import ModelSession, SessionOptions
+from pipeline.settings import Settings
+from workers.keys import QUEUES
+from workers.observe import metrics
+from workers.observe.logs import setup_logging
+from workers.observe.metrics import Metrics, NoMetrics
+from workers.queue.app import create_app
+from workers.queue.tasks import register_tasks
+from workers.reload.coordinator import ReloadCoordinator
+from workers.reload.holder import ModelHolder, ModelUnavailable
+
+FORK_SAFE_POOLS = ("solo", "threads")
+
+
+def roles_for_queues(queues: Sequence[str]) -> tuple[str, ...]:
+    """The model roles a worker consuming `queues` must hold (embed-only: just the embedder)."""
+    return tuple(dict.fromkeys(role for queue in queues for role in ROLES_BY_OP.get(queue, ())))
+
+
+class WorkerProcess:
+    """What one worker process serves from: its models (`ModelHolder`), their reload
+    (`ReloadCoordinator`), its metrics, its Redis connection, and the limits jobs are held to.
+
+    Configured with the worker's queues and pool before any fork (`configure`), started in each
+    pool process (`start`), stopped when it exits (`stop`).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.roots = settings.roots()
+        self.limits = settings.audio_limits
+        self.queues: tuple[str, ...] = QUEUES
+        self.pool = "prefork"
+        self.metrics: NoMetrics = NoMetrics()
+        self.redis: Any = None
+        self.holder: ModelHolder | None = None
+        self.coordinator: ReloadCoordinator | None = None
+
+    def configure(self, queues: Sequence[str], pool: str) -> None:
+        """In the worker's main process, before the pool forks: its queues, its pool, the imports."""
+        self.queues = tuple(queues)
+        self.pool = pool
+        if pool == "prefork":  # import only (fork-safe): each pool process is spared ~0.5 s
+            for module in SERVING_IMPORTS:
+                importlib.import_module(module)
+        # What the imports made lives as long as the process: the collector skips it from now on,
+        # and the pool's processes never copy its pages to count references during collections.
+        gc.freeze()
+        if self.settings.metrics_port:
+            metrics.prepare_multiprocess()
+
+    def start(self) -> None:
+        """Metrics first, then load every model the queues need, then heartbeat and reload."""
+        roles = roles_for_queues(self.queues)
+        if not roles:
+            return
+        if self.settings.metrics_port:
+            self.metrics = Metrics()
+        if self.settings.broker_url:
+            import redis
+
+            self.redis = redis.Redis.from_url(
+                self.settings.broker_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
+            )
+        registry = Registry.load()
+        options = SessionOptions.from_settings(self.settings)
+        worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.holder = ModelHolder(
+            roles, options, registry, self.metrics, self.settings.reload_aside_wait_max_s, name=worker_id
+        )
+        self.coordinator = ReloadCoordinator(
+            self.settings, self.holder, registry, self.queues, self.pool, self.redis, self.metrics
+        )
+        self.coordinator.start()
+
+    def serving(self, roles: Sequence[str]) -> contextlib.AbstractContextManager[dict[str, ModelSession]]:
+        """The sessions of one task (`ModelHolder.serving`)."""
+        if self.holder is None:
+            raise ModelUnavailable(f"worker {os.getpid()} holds no model: its queues need none")
+        return self.holder.serving(roles)
+
+    def stop(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        if self.holder is not None:
+            self.holder.close()
+        if self.redis is not None:
+            self.redis.close()
+
+
+def build_worker_app(settings: Settings) -> Celery:
+    """The Celery app of a worker: `create_app`, the task handlers, and the hooks that load the
+    models after fork (prefork, solo) or at worker start (threads)."""
+    app = create_app(settings)
+    process = WorkerProcess(settings)
+    register_tasks(app, process)
+    install_hooks(app, settings, process)
+    return app
+
+
+def install_hooks(app: Celery, settings: Settings, process: WorkerProcess) -> None:
+    """Celery's signals, each connected to one step of the worker process's life."""
+
+    def on_init(sender: Any = None, instance: Any = None, options: Any = None, **_: Any) -> None:
+        if instance is None or instance.app is not app:
+            return
+        opts = options or {}
+        process.configure(queues_from_options(opts, QUEUES), pool_name(opts.get("pool_cls")))
+
+    def on_process_init(**_: Any) -> None:
+        process.start()
+
+    def on_threads_worker_init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app and process.pool.startswith("thread"):
+            process.start()
+
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        if settings.metrics_port and getattr(sender, "app", None) is app:
+            metrics.serve(settings.metrics_port)
+            logging.getLogger("voxmill.metrics").info(
+                "metrics on http://0.0.0.0:%d/metrics", settings.metrics_port
+            )
+
+    def on_shutdown(**_: Any) -> None:
+        process.stop()
+        metrics.mark_process_dead(os.getpid())
+
+    def on_setup_logging(**_: Any) -> None:
+        setup_logging(settings.log_level, settings.log_format)
+        # Our own line per task replaces Celery's, which prints the whole result.
+        logging.getLogger("celery.app.trace").setLevel(logging.WARNING)
+
+    signals.setup_logging.connect(on_setup_logging, weak=False)
+    signals.celeryd_init.connect(on_init, weak=False)
+    signals.worker_process_init.connect(on_process_init, weak=False)
+    signals.worker_init.connect(on_threads_worker_init, weak=False)
+    signals.worker_process_shutdown.connect(on_shutdown, weak=False)
+    signals.worker_ready.connect(on_ready, weak=False)
+
+
+def queues_from_options(options: dict[str, Any], default: tuple[str, ...]) -> tuple[str, ...]:
+    """The queues a worker was started with (`-Q a,b`), or all of voxmill's."""
+    queues = options.get("queues")
+    if not queues:
+        return default
+    if isinstance(queues, str):
+        queues = queues.split(",")
+    return tuple(q.strip() for q in queues if q.strip())
+
+
+def pool_name(pool_cls: Any) -> str:
+    """`prefork`, `solo` or `threads`, from Celery's pool option (a name or a class)."""
+    if pool_cls is None:
+        return "prefork"
+    text = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", str(pool_cls))
+    name = text.rsplit(".", 1)[-1].lower()
+    return {"thread": "threads"}.get(name, name)
+
+
+def serving_provider(settings: Settings) -> str:
+    """The provider a session built with `settings` would run on (by what is installed)."""
+    import onnxruntime as ort
+
+    options = SessionOptions.from_settings(settings)
+    return choose_providers(options.provider, ort.get_available_providers(), options.provider_options).serving
+
+
+def check_pool_for_provider(settings: Settings, pool: str, serving: str | None = None) -> str | None:
+    """A clear refusal when a GPU worker would use the prefork pool; None when the pool is fine."""
+    if pool in FORK_SAFE_POOLS:
+        return None
+    provider = serving or serving_provider(settings)
+    if provider == CPU:
+        return None
+    return (
+        f"the {pool} pool forks worker processes, which is unsafe once CUDA is initialised "
+        f"(provider {provider}); run GPU workers with --pool solo (one process per GPU) or --pool threads"
+    )
+
+
+def start_worker(
+    app: Celery, queues: list[str], concurrency: int, pool: str, loglevel: str, hostname: str = ""
+) -> int:
+    """Run a worker of `app` until it stops; its exit code.
+
+    What `celery -A workers.app worker -Q ... --without-mingle --without-gossip` does, without
+    Celery's command line (importing it takes about 0.2 s of every worker's start). voxmill never
+    revokes tasks, so a worker does not spend a second at start asking its neighbours for their
+    revoked ids (mingle), nor follow every other worker's heartbeats (gossip).
+    """
+    from celery.utils.nodenames import default_nodename, host_format
+
+    worker = app.Worker(
+        hostname=host_format(default_nodename(hostname or None)),
+        queues=queues,
+        concurrency=concurrency,
+        pool_cls=pool,
+        loglevel=loglevel,
+        without_mingle=True,
+        without_gossip=True,
+    )
+    worker.start()
+    return int(worker.exitcode or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.worker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("-Q", "--queues", default="tokenize,embed,extract", help="queues, comma-separated")
+    parser.add_argument("-Q", "--queues", default=",".join(QUEUES), help="queues, comma-separated")
     parser.add_argument("-c", "--concurrency", type=int, default=1, help="pool processes")
     parser.add_argument("--pool", default="prefork", help="prefork | solo | threads")
     parser.add_argument("-l", "--loglevel", default="INFO")
     parser.add_argument("-n", "--hostname", default="", help="Celery node name (default celery@HOST)")
     args = parser.parse_args(argv)
-
-    # Importing creates many objects and no garbage: no collections until the worker's imports
-    # are done (about 5 % of its start); `install_worker_hooks` freezes what they made and turns
-    # the collector back on before the pool forks.
-    gc.disable()
-    from workers.app import app, start_worker
-
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    app = build_worker_app(Settings.load())
     return start_worker(app, queues, args.concurrency, args.pool, args.loglevel, args.hostname)
 
 

@@ -2,7 +2,7 @@
 
 `benchmarks/extract_run.py` puts this folder first on PYTHONPATH and names a folder in
 BENCH_TRACE_DIR; in Celery worker processes (`python -m workers.worker`, or `celery`) this wraps
-three `pipeline` functions before `workers.tasks` imports them, and appends one JSON line per shard to
+three `pipeline` functions before `workers.queue.tasks` imports them, and appends one JSON line per shard to
 `$BENCH_TRACE_DIR/trace-<pid>.jsonl`:
 
 - `open_session`: when each model was loaded and warmed (wall clock);
@@ -23,12 +23,12 @@ import time
 
 
 def _install(trace_dir: str) -> None:
-    import pipeline.extraction as extraction
+    import pipeline.inference as extraction
     import pipeline.writers as writers
 
     each = os.environ.get("BENCH_TRACE_EACH") == "1"
     pending: list[dict[str, object]] = []
-    original_process = extraction.process
+    original_process = extraction.run_clip
     original_write = writers.write_shard
     original_open = extraction.open_session
 
@@ -87,7 +87,7 @@ def _install(trace_dir: str) -> None:
         )
         return path
 
-    extraction.process = process
+    extraction.run_clip = process
     extraction.open_session = open_session
     writers.write_shard = write_shard
 

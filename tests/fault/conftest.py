@@ -19,8 +19,8 @@ import redis
 from pipeline.settings import Settings
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill
 from tests.helpers import make_audio_folder, read_outputs
-from workers.client import Client, Job
 from workers.embedded import free_port, redis_server_binary, wait_until
+from workers.queue.client import Client, Job
 
 CORPUS_SIZE = 300
 SHARD_SIZE = 5
@@ -226,7 +226,7 @@ def submit_stream() -> Iterator[Callable[..., SubmitStream]]:
 
 
 def pool_children(client: redis.Redis, parent_pid: int) -> list[int]:
-    from workers.status import worker_records
+    from workers.observe.status import worker_records
 
     return [r["pid"] for r in worker_records(client) if r.get("ppid") == parent_pid]
 

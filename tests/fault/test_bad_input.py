@@ -39,10 +39,10 @@ from pipeline.errors import VoxmillError
 from pipeline.records import TaskResult
 from pipeline.settings import AudioLimits
 from tests.conftest import flush_keeping_claim, make_settings, voxmill, wait_for
-from workers.client import Client
 from workers.embedded import LocalWorkers
 from workers.keys import QUEUES
-from workers.status import worker_records
+from workers.observe.status import worker_records
+from workers.queue.client import Client
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
 DOC_START, DOC_END = "<!-- catalogue:start -->", "<!-- catalogue:end -->"

@@ -1,8 +1,8 @@
-"""Standing aside during a reload: real Redis, real ONNX sessions, holders driven step by step.
+"""Standing aside during a reload: real Redis, real ONNX sessions, coordinators driven step by step.
 
-Each `ModelHolder` here is what one worker process holds; the test plays its reload thread
-(`check_generations`) by hand, so every step can be checked. The worker processes end to end
-are in `test_reload.py`.
+Each `ReloadCoordinator` (and its `ModelHolder`) here is what one worker process runs; the test
+plays its reload thread (`round`) by hand, so every step can be checked. The worker processes
+end to end are in `test_reload.py`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ import pytest
 import redis
 from rich.console import Console
 
+from pipeline.registry import Registry
+from pipeline.sessions import SessionOptions
 from pipeline.settings import Settings
 from pipeline.standin import EMBEDDER_FILE, make_embedder_model, write_model
 from tests.conftest import make_settings
-from workers import generations, keys
-from workers.holder import ModelHolder
-from workers.status import collect_status
-from workers.status_view import render_status
-from workers.validation import Validation
-from workers.watcher import Watcher
+from workers import keys
+from workers.observe.status import collect_status
+from workers.observe.status_view import render_status
+from workers.reload import generations
+from workers.reload.coordinator import ReloadCoordinator
+from workers.reload.holder import ModelHolder
+from workers.reload.validation import Validation
+from workers.reload.watcher import Watcher
 
 HOST = socket.gethostname()
 
@@ -40,19 +44,25 @@ def settings(redis_url: str, redis_client: redis.Redis, models: Path, audio_dir:
     return settings
 
 
-def embed_holder(settings: Settings, number: int) -> ModelHolder:
-    """An embed-only worker process's holder, loaded and in Redis (its heartbeat), threads not started."""
-    holder = ModelHolder(settings)
-    holder.configure(["embed"], "solo")
-    holder.worker_id = f"{HOST}:{90000 + number}"
-    holder._redis = holder._connect()
-    holder._load_initial("embedder", {})
-    holder._heartbeat()
-    return holder
+def embed_process(settings: Settings, number: int) -> ReloadCoordinator:
+    """An embed-only worker process, loaded and in Redis (its heartbeat), threads not started."""
+    registry = Registry.load()
+    holder = ModelHolder(
+        ("embedder",), SessionOptions.from_settings(settings), registry, name=f"{HOST}:{90000 + number}"
+    )
+    client = redis.Redis.from_url(settings.broker_url or "")
+    process = ReloadCoordinator(settings, holder, registry, ["embed"], "solo", client)
+    process.load_models()
+    process.heartbeat()
+    return process
 
 
-def aside(holder: ModelHolder) -> bool:
-    return bool(holder.describe()["aside"])
+def aside(process: ReloadCoordinator) -> bool:
+    return bool(process.record()["aside"])
+
+
+def serving_sha256(process: ReloadCoordinator) -> str:
+    return process.holder.sessions["embedder"].sha256
 
 
 def announce(client: redis.Redis, sha: str, size: int = 100) -> None:
@@ -63,10 +73,10 @@ def announce(client: redis.Redis, sha: str, size: int = 100) -> None:
 def test_one_process_stands_aside_while_a_candidate_is_validated(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
-    first, second = embed_holder(settings, 1), embed_holder(settings, 2)
+    first, second = embed_process(settings, 1), embed_process(settings, 2)
     announce(redis_client, "c" * 64)
-    assert first.check_generations() is True  # waits for the verdict, holding the slot
-    second.check_generations()
+    assert first.round() is True  # waits for the verdict, holding the slot
+    second.round()
     assert aside(first) and not aside(second)
     assert redis_client.get(keys.ASIDE.format(host=HOST)) == first.worker_id.encode()
     slot = keys.RELOAD_SLOT.format(host=HOST, role="embedder", slot=0)
@@ -81,12 +91,12 @@ def test_one_process_stands_aside_while_a_candidate_is_validated(
     assert f"{first.worker_id} (aside: reloading)" in shown and "(validating cccccccccccc)" in shown
 
     # A task reaching the process standing aside waits; the other one serves at once.
-    with second.serving(["embedder"]) as sessions:
+    with second.holder.serving(["embedder"]) as sessions:
         assert "embedder" in sessions
     done = threading.Event()
 
     def task() -> None:
-        with first.serving(["embedder"]):
+        with first.holder.serving(["embedder"]):
             done.set()
 
     thread = threading.Thread(target=task)
@@ -95,7 +105,7 @@ def test_one_process_stands_aside_while_a_candidate_is_validated(
 
     # Rejected (the watcher withdraws the candidate, nothing is published): back in rotation.
     generations.withdraw_candidate(redis_client, HOST, "embedder")
-    first.check_generations()
+    first.round()
     assert done.wait(5)
     thread.join()
     assert not aside(first)
@@ -106,46 +116,46 @@ def test_one_process_stands_aside_while_a_candidate_is_validated(
 def test_the_process_standing_aside_loads_first_then_the_next_one(
     settings: Settings, redis_client: redis.Redis, models: Path
 ) -> None:
-    first, second = embed_holder(settings, 1), embed_holder(settings, 2)
-    old = first.sessions["embedder"].sha256
+    first, second = embed_process(settings, 1), embed_process(settings, 2)
+    old = serving_sha256(first)
     path = models / EMBEDDER_FILE
     write_model(make_embedder_model("tiny", seed=5), path)
     new = sha256(path)
     announce(redis_client, new)
-    first.check_generations()
-    second.check_generations()
+    first.round()
+    second.round()
     assert aside(first)
 
     generations.publish(redis_client, "embedder", new, {"file": EMBEDDER_FILE, "size": path.stat().st_size})
     generations.withdraw_candidate(redis_client, HOST, "embedder")
     # The second process finds the slot taken: it keeps serving the old model and waits.
-    assert second.check_generations() is True
-    assert second.sessions["embedder"].sha256 == old and not aside(second)
-    first.check_generations()
-    assert first.sessions["embedder"].sha256 == new and not aside(first)
-    second.check_generations()
-    assert second.sessions["embedder"].sha256 == new and not aside(second)
+    assert second.round() is True
+    assert serving_sha256(second) == old and not aside(second)
+    first.round()
+    assert serving_sha256(first) == new and not aside(first)
+    second.round()
+    assert serving_sha256(second) == new and not aside(second)
     assert redis_client.get(keys.ASIDE.format(host=HOST)) is None
 
 
 def test_a_lone_process_never_stands_aside(settings: Settings, redis_client: redis.Redis) -> None:
-    alone = embed_holder(settings, 1)
+    alone = embed_process(settings, 1)
     announce(redis_client, "c" * 64)
-    alone.check_generations()
+    alone.round()
     assert not aside(alone)
-    with alone.serving(["embedder"]) as sessions:  # serves without waiting
+    with alone.holder.serving(["embedder"]) as sessions:  # serves without waiting
         assert "embedder" in sessions
 
 
 def test_a_process_standing_aside_loads_after_its_running_task_ends(
     settings: Settings, redis_client: redis.Redis, models: Path
 ) -> None:
-    first, _second = embed_holder(settings, 1), embed_holder(settings, 2)
-    old = first.sessions["embedder"].sha256
+    first, _second = embed_process(settings, 1), embed_process(settings, 2)
+    old = serving_sha256(first)
     task_may_end, task_started = threading.Event(), threading.Event()
 
     def long_task() -> None:
-        with first.serving(["embedder"]):
+        with first.holder.serving(["embedder"]):
             task_started.set()
             task_may_end.wait(10)
 
@@ -156,24 +166,24 @@ def test_a_process_standing_aside_loads_after_its_running_task_ends(
     write_model(make_embedder_model("tiny", seed=6), path)
     new = sha256(path)
     generations.publish(redis_client, "embedder", new, {"file": EMBEDDER_FILE, "size": path.stat().st_size})
-    reload = threading.Thread(target=first.check_generations)
+    reload = threading.Thread(target=first.round)
     reload.start()
     reload.join(0.8)
     assert reload.is_alive() and aside(first)  # stands aside, waiting for its task
-    assert first.sessions["embedder"].sha256 == old
+    assert serving_sha256(first) == old
     task_may_end.set()
     task.join()
     reload.join(10)
     assert not reload.is_alive()
-    assert first.sessions["embedder"].sha256 == new and not aside(first)
+    assert serving_sha256(first) == new and not aside(first)
 
 
 def test_a_candidate_whose_sha256_is_not_known_yet_counts_as_new(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
-    first, _second = embed_holder(settings, 1), embed_holder(settings, 2)
+    first, _second = embed_process(settings, 1), embed_process(settings, 2)
     announce(redis_client, "")  # announced as soon as a changed file settles, before it is hashed
-    first.check_generations()
+    first.round()
     assert aside(first)
 
 
@@ -205,19 +215,19 @@ def test_only_a_model_of_reload_aside_min_mb_or_more_makes_a_process_stand_aside
     settings: Settings, redis_client: redis.Redis, models: Path
 ) -> None:
     settings = settings.model_copy(update={"reload_aside_min_mb": 1.0})  # tiny embedders are 0.2 MB
-    first, _second = embed_holder(settings, 1), embed_holder(settings, 2)
+    first, _second = embed_process(settings, 1), embed_process(settings, 2)
     announce(redis_client, "c" * 64, size=200_000)
-    assert first.check_generations() is True  # waits for the verdict, serving meanwhile
+    assert first.round() is True  # waits for the verdict, serving meanwhile
     assert not aside(first)
     announce(redis_client, "c" * 64, size=2_000_000)
-    first.check_generations()
+    first.round()
     assert aside(first)
     generations.withdraw_candidate(redis_client, HOST, "embedder")
-    first.check_generations()
+    first.round()
     assert not aside(first)
     path = models / EMBEDDER_FILE  # a small new generation: loaded beside serving
     write_model(make_embedder_model("tiny", seed=8), path)
     generations.publish(redis_client, "embedder", sha256(path), {"file": EMBEDDER_FILE})
-    with first.serving(["embedder"]):  # a running task does not hold the small load back
-        first.check_generations()
-        assert first.sessions["embedder"].sha256 == sha256(path)
+    with first.holder.serving(["embedder"]):  # a running task does not hold the small load back
+        first.round()
+        assert serving_sha256(first) == sha256(path)

@@ -18,7 +18,7 @@ import redis
 from pipeline.writers import SHARDS_DIR
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
 from tests.helpers import make_audio_folder, read_outputs
-from workers.status import worker_records
+from workers.observe.status import worker_records
 
 SLOW_CORPUS_SIZE = 48
 
@@ -228,8 +228,8 @@ def test_local_workers_that_exit_end_the_run_with_their_exit_code(
 
     import workers.embedded
     from pipeline.settings import Settings
-    from workers.extract import extract_corpus
-    from workers.plan import RunError
+    from workers.corpus.plan import RunError
+    from workers.corpus.run import extract_corpus
 
     corpus = make_audio_folder(tmp_path / "corpus", 4, 1.0, 2.0, seed=5)
     failing = [sys.executable, "-c", "import sys; sys.exit(3)"]
@@ -249,17 +249,16 @@ def test_local_workers_that_cannot_load_their_model_end_the_run(
     error is), and stops its workers and Redis."""
     import shutil
 
-    import workers.extract
+    import workers.corpus.run
     from pipeline.settings import Settings
-    from workers.plan import RunError
+    from workers.corpus.plan import RunError
 
     models = tmp_path / "models"
     shutil.copytree(tiny_models, models)
     (models / "campplus.onnx").write_bytes(b"not an onnx model")
     corpus = make_audio_folder(tmp_path / "corpus", 4, 1.0, 2.0, seed=5)
-    monkeypatch.setattr(workers.extract, "READY_TIMEOUT_S", 4.0)
-    settings = Settings(model_dir=models, broker_url=None)
+    settings = Settings(model_dir=models, broker_url=None, local_ready_timeout_s=4.0)
     out = tmp_path / "out"
     with pytest.raises(RunError, match="did not load their models within 4 s.*workers.log"):
-        workers.extract.extract_corpus(settings, corpus, out, ["embed"], 1, 0, quiet=True)
+        workers.corpus.run.extract_corpus(settings, corpus, out, ["embed"], 1, 0, quiet=True)
     assert "could not load the embedder model" in (out / "workers.log").read_text()

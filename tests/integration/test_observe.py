@@ -8,11 +8,11 @@ from pathlib import Path
 
 import redis
 
+from pipeline.settings import Settings
 from tests.conftest import make_settings, voxmill, wait_for
 from workers import keys
-from workers.client import Client
 from workers.embedded import free_port
-from workers.holder import HEARTBEAT_INTERVAL_S
+from workers.queue.client import Client
 
 
 def scrape(port: int) -> str:
@@ -66,7 +66,7 @@ def test_status_json_shape_and_a_stopping_worker(
         beats = [redis_client.get(k) for k in redis_client.keys(keys.WORKER.format(worker_id="*"))]
         return sum(json.loads(b)["tasks_last_minute"] for b in beats if b) >= 1
 
-    wait_for(heartbeats_counted, timeout_s=HEARTBEAT_INTERVAL_S + 3)
+    wait_for(heartbeats_counted, timeout_s=Settings().heartbeat_interval_s + 3)
     done = voxmill("status", "--json", env=settings.to_env())
     assert done.returncode == 0, done.stderr
     status = json.loads(done.stdout)

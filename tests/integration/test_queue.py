@@ -17,9 +17,9 @@ from kombu import Connection, Exchange, Producer
 from pipeline.records import TaskResult
 from tests.conftest import clean_env, flush_keeping_claim, make_settings, voxmill, wait_for
 from tests.helpers import make_audio_folder
-from workers.client import Client
 from workers.embedded import LocalWorkers
-from workers.wakeups import ResultWakeups
+from workers.queue.client import Client
+from workers.queue.wakeups import ResultWakeups
 
 
 def sha256(path: Path) -> str:
@@ -93,10 +93,10 @@ def test_the_corpus_driver_wakes_on_shard_announcements_not_on_its_read_interval
     """With results read only every 60 s, six one-clip shards still finish at once: each shard
     task announces its result and the driver listens (a driver that only read would take minutes:
     4 shards in flight, each round a minute)."""
-    import workers.driver
-    from workers.extract import extract_corpus
+    import workers.corpus.driver
+    from workers.corpus.run import extract_corpus
 
-    monkeypatch.setattr(workers.driver, "READ_EVERY_S", 60.0)
+    monkeypatch.setattr(workers.corpus.driver, "READ_EVERY_S", 60.0)
     corpus = make_audio_folder(scratch / "announced-corpus", 6, 1.0, 2.0, seed=11)
     started = time.monotonic()
     report = extract_corpus(settings, corpus, scratch / "announced-out", ["embed"], 2, 1, quiet=True)
@@ -109,16 +109,16 @@ def test_result_wakeups_name_the_announced_keys_and_survive_a_close(redis_url: s
     wakeups = ResultWakeups(client)
     wakeups.follow([b"voxmill-test-k1", b"voxmill-test-k2"])
     assert wakeups.listening
-    announced: set[bytes] = set()
+    announced: list[tuple[bytes, bytes]] = []
     for _ in range(50):  # the subscription becomes active asynchronously
         client.publish("voxmill-test-k2", "stored")
         announced = wakeups.wait(0.1)
         if announced:
             break
-    assert announced == {b"voxmill-test-k2"}
-    assert wakeups.wait(0.05) == set()  # nothing more announced
+    assert announced == [(b"voxmill-test-k2", b"stored")]
+    assert wakeups.wait(0.05) == []  # nothing more announced
     wakeups.close()
-    assert not wakeups.listening and wakeups.wait(0.01) == set()
+    assert not wakeups.listening and wakeups.wait(0.01) == []
     client.close()
 
 

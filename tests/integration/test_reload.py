@@ -27,8 +27,8 @@ from pipeline.settings import Settings
 from pipeline.standin import EMBEDDER_FILE, make_embedder_model, write_model
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
 from workers import keys
-from workers.client import Client, Job
-from workers.status import collect_status
+from workers.observe.status import collect_status
+from workers.queue.client import Client, Job
 
 QUIET_S = 0.3
 WAV = "chirp_3s.wav"

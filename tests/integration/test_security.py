@@ -29,10 +29,10 @@ import redis
 
 from pipeline.sessions import sha256_bytes
 from tests.conftest import make_settings, voxmill, wait_for
-from workers import generations
-from workers.client import Client
 from workers.embedded import LocalWorkers, free_port, redis_server_binary
-from workers.status import worker_records
+from workers.observe.status import worker_records
+from workers.queue.client import Client
+from workers.reload import generations
 
 PASSWORD = "vx-Secret-7f3a9c"  # distinctive, so any leak is found by a plain substring search
 WRONG_PASSWORD = "vx-Wrong-51be02"

@@ -1,4 +1,4 @@
-"""The broker transport survives the state kombu leaves after a broker outage (workers/transport.py).
+"""The broker transport survives the state kombu leaves after a broker outage (workers/queue/transport.py).
 
 On a real Redis: a channel holding an unacknowledged message is closed after the transport forgot
 its broker URL, as happens when Celery closes a connection that Redis dropped. Stock kombu raises
@@ -12,8 +12,10 @@ import redis
 from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
-import workers.app  # noqa: F401  (registers the transport)
-from workers.transport import Channel
+from workers.queue import transport
+from workers.queue.transport import Channel
+
+transport.register()  # what `create_app` does
 
 
 def test_broker_urls_use_voxmills_transport(redis_url: str) -> None:

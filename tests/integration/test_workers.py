@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill
-from workers.client import Client
-from workers.status import worker_records
+from workers.observe.status import worker_records
+from workers.queue.client import Client
 
 
 def test_embed_only_worker_never_loads_the_tokenizer(

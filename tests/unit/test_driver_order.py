@@ -11,17 +11,14 @@ import soundfile as sf
 from pipeline.corpus import auto_shard_size
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
-from workers.driver import longest_first
-from workers.plan import Plan, make_plan, read_utterances, reusable_plan
+from workers.corpus.driver import longest_first
+from workers.corpus.plan import Plan, load_or_make_plan, read_utterances
 
 
-def load_or_make_plan(
+def plan_for(
     source: Path, out: Path, ops: list[str], size: int, settings: Settings, workers: int | None
 ) -> Plan:
-    """What `voxmill extract` does: the plan in `out` when it is this run's, else a new one."""
-    utts = read_utterances(source)
-    resumed = reusable_plan(utts, out, ops, size, settings)
-    return resumed or make_plan(utts, source, out, ops, size, settings, workers)
+    return load_or_make_plan(read_utterances(source), source, out, ops, size, settings, workers)
 
 
 def shard(number: int, *durations: float | None) -> ShardSpec:
@@ -62,11 +59,11 @@ def test_an_automatic_plan_is_cut_for_the_workers_and_resumed_whatever_their_num
     settings = Settings(shard_size=32)
     out = tmp_path / "out"
     out.mkdir()
-    plan = load_or_make_plan(manifest, out, ["embed"], 0, settings, workers=2)
+    plan = plan_for(manifest, out, ["embed"], 0, settings, workers=2)
     assert plan.shard_size == 5 and len(plan.specs) == 12
-    resumed = load_or_make_plan(manifest, out, ["embed"], 0, settings, workers=8)
+    resumed = plan_for(manifest, out, ["embed"], 0, settings, workers=8)
     assert resumed.specs == plan.specs  # plan.json reused: a resume never re-cuts the shards
-    fixed = load_or_make_plan(manifest, tmp_path / "fixed", ["embed"], 16, settings, workers=2)
+    fixed = plan_for(manifest, tmp_path / "fixed", ["embed"], 16, settings, workers=2)
     assert [len(s.utts) for s in fixed.specs] == [16, 16, 16, 12]
-    unknown = load_or_make_plan(manifest, tmp_path / "remote", ["embed"], 0, settings, workers=None)
+    unknown = plan_for(manifest, tmp_path / "remote", ["embed"], 0, settings, workers=None)
     assert unknown.shard_size == 32

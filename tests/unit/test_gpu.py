@@ -8,11 +8,11 @@ import onnxruntime as ort
 import pytest
 from typer.testing import CliRunner
 
-import workers.gpu as gpu
+import workers.worker as worker
 from pipeline.providers import CPU, CUDA, TENSORRT
 from pipeline.settings import Settings
 from workers.cli import app
-from workers.gpu import check_pool_for_provider, serving_provider
+from workers.worker import check_pool_for_provider, serving_provider
 
 
 @pytest.mark.parametrize("serving", [CUDA, TENSORRT])
@@ -46,7 +46,7 @@ def test_voxmill_worker_refuses_prefork_on_a_gpu(monkeypatch: pytest.MonkeyPatch
             monkeypatch.delenv(name)
     monkeypatch.setenv("VOXMILL_PROVIDER", "cuda")
     monkeypatch.setenv("VOXMILL_BROKER_URL", "redis://127.0.0.1:1/0")  # never reached
-    monkeypatch.setattr(gpu, "serving_provider", lambda settings: CUDA)
+    monkeypatch.setattr(worker, "serving_provider", lambda settings: CUDA)
     result = CliRunner().invoke(app, ["worker", "-Q", "tokenize", "--pool", "prefork"])
     assert result.exit_code == 2
     output = " ".join(result.output.split())

@@ -1,64 +1,95 @@
-"""The holder's reload bookkeeping, without Redis or worker processes: when to retry a failed load."""
+"""The model holder, without Redis: load, swap between tasks, serve, stand aside, close."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import replace
+import threading
 from pathlib import Path
 
-from pipeline.settings import Settings
-from workers.holder import FileStamp, ModelHolder, _local_mismatch
+import pytest
 
-STAMP = FileStamp(device=1, inode=2, size=1000, mtime_ns=3)
-CHANGED = FileStamp(device=1, inode=9, size=1000, mtime_ns=4)
-
-
-def holder() -> ModelHolder:
-    return ModelHolder(Settings(reload_retry_max_s=60.0))
+from pipeline.registry import Registry
+from pipeline.sessions import SessionOptions
+from pipeline.standin import EMBEDDER_FILE, make_embedder_model, write_model
+from workers.reload.holder import ModelHolder, ModelUnavailable
 
 
-def delay_s(h: ModelHolder) -> float:
-    return h.reload_failures["embedder"].retry_at - time.monotonic()
+def holder(**options: object) -> ModelHolder:
+    return ModelHolder(("embedder",), SessionOptions(), Registry.load(), name="host:1", **options)  # type: ignore[arg-type]
 
 
-def test_a_failed_load_is_retried_with_growing_backoff() -> None:
+def test_a_task_keeps_the_session_it_started_with_across_a_swap(tiny_models: Path, tmp_path: Path) -> None:
     h = holder()
-    h._fail("embedder", "aa", 2, STAMP, "out of memory")
-    assert not h._retry_due("embedder", "aa", STAMP)
-    assert 1.5 < delay_s(h) <= 2.0
-    h._fail("embedder", "aa", 2, STAMP, "out of memory")
-    assert h.reload_failures["embedder"].attempts == 2
-    assert 3.5 < delay_s(h) <= 4.0
-    h.reload_failures["embedder"] = replace(h.reload_failures["embedder"], retry_at=time.monotonic() - 1)
-    assert h._retry_due("embedder", "aa", STAMP)
+    first = h.load("embedder", tiny_models / EMBEDDER_FILE)
+    assert h.swap("embedder", first, generation=1) is None
+    other = tmp_path / EMBEDDER_FILE
+    write_model(make_embedder_model("tiny", seed=3), other)
+    second = h.load("embedder", other)
+    with h.serving(["embedder"]) as sessions:
+        assert h.swap("embedder", second, generation=None) is first
+        assert sessions["embedder"] is first  # the running task's snapshot
+    with h.serving(["embedder"]) as sessions:
+        assert sessions["embedder"] is second
+    described = h.describe()
+    assert described["models"]["embedder"]["sha256"] == second.sha256
+    assert described["models"]["embedder"]["generation"] is None  # not the published file
+    assert described["tasks_done"] == 2 and described["tasks_last_minute"] == 2
 
 
-def test_the_backoff_is_capped() -> None:
+def test_a_role_without_a_session_says_why() -> None:
     h = holder()
-    for _ in range(12):
-        h._fail("embedder", "aa", 2, STAMP, "out of memory")
-    assert 59.0 < delay_s(h) <= 60.0
+    h.unavailable("embedder", "model folder models does not exist")
+    with (
+        pytest.raises(ModelUnavailable, match="worker host:1 has no embedder model .*does not exist"),
+        h.serving(["embedder"]),
+    ):
+        pass
+    assert h.describe()["load_errors"] == {"embedder": "model folder models does not exist"}
 
 
-def test_a_changed_file_or_a_new_generation_is_tried_at_once() -> None:
+def test_standing_aside_holds_new_tasks_until_rejoining(tiny_models: Path) -> None:
     h = holder()
-    h._fail("embedder", "aa", 2, STAMP, "differs", wait_for_change=True)
-    assert not h._retry_due("embedder", "aa", STAMP)
-    assert h._retry_due("embedder", "aa", CHANGED)
-    assert h._retry_due("embedder", "bb", STAMP)
+    h.swap("embedder", h.load("embedder", tiny_models / EMBEDDER_FILE), generation=1)
+    h.stand_aside()
+    assert h.describe()["aside"] is True
+    served = threading.Event()
+
+    def task() -> None:
+        with h.serving(["embedder"]):
+            served.set()
+
+    thread = threading.Thread(target=task)
+    thread.start()
+    assert not served.wait(0.3)
+    h.rejoin()
+    assert served.wait(5)
+    thread.join()
 
 
-def test_failures_are_reported_in_the_heartbeat() -> None:
+def test_a_task_waits_for_a_process_standing_aside_at_most_the_limit(tiny_models: Path) -> None:
+    h = holder(aside_wait_max_s=0.2)
+    h.swap("embedder", h.load("embedder", tiny_models / EMBEDDER_FILE), generation=1)
+    h.stand_aside()
+    with h.serving(["embedder"]) as sessions:  # waited 0.2 s, then served
+        assert "embedder" in sessions
+    assert h.describe()["aside"] is False
+
+
+def test_drain_waits_for_the_running_task(tiny_models: Path) -> None:
     h = holder()
-    h._fail("embedder", "aa", 2, STAMP, "out of memory")
-    reported = h.describe()["reload_failures"]["embedder"]
-    assert reported["sha256"] == "aa" and reported["generation"] == 2
-    assert reported["reason"] == "out of memory" and reported["attempts"] == 1
+    h.swap("embedder", h.load("embedder", tiny_models / EMBEDDER_FILE), generation=1)
+    may_end, started, drained = threading.Event(), threading.Event(), threading.Event()
 
+    def task() -> None:
+        with h.serving(["embedder"]):
+            started.set()
+            may_end.wait(10)
 
-def test_a_local_copy_of_another_size_is_not_the_published_file(tmp_path: Path) -> None:
-    path = tmp_path / "campplus.onnx"
-    assert "1000 bytes, the published file 999" in _local_mismatch(path, STAMP, {"size": "999"})
-    assert _local_mismatch(path, STAMP, {"size": "1000"}) == ""
-    assert _local_mismatch(path, STAMP, {"size": "999"}, check_size=False) == ""
-    assert "no such model file" in _local_mismatch(None, None, {"size": "1000"})
+    threading.Thread(target=task).start()
+    assert started.wait(5)
+    drainer = threading.Thread(target=lambda: (h.drain(10), drained.set()))
+    drainer.start()
+    assert not drained.wait(0.3)
+    may_end.set()
+    assert drained.wait(5)
+    h.close()
+    assert h.describe()["models"] == {}

@@ -9,7 +9,7 @@ import sys
 CHILD = """
 import os, prometheus_client
 from pathlib import Path
-from workers.metrics import prepare_multiprocess
+from workers.observe.metrics import prepare_multiprocess
 folder = prepare_multiprocess()
 prometheus_client.Counter("voxmill_probe", "probe").inc()
 print(sorted(p.name for p in Path(folder).iterdir()))

@@ -17,8 +17,9 @@ import pytest
 from pipeline import sessions
 from pipeline.demo import speechlike
 from pipeline.errors import VoxmillError
-from pipeline.extraction import embedder_inputs, open_session, tokenizer_inputs
 from pipeline.features import whisper_log_mel
+from pipeline.identity import FileIdentity
+from pipeline.inference import embedder_inputs, open_session, tokenizer_inputs
 from pipeline.model_cache import ENTRY_FILE, HASHES_DIR, MODEL_FILE, ModelCache, cache_key, cpu_fingerprint
 from pipeline.registry import Registry
 from pipeline.sessions import RACY_MARGIN_NS, ModelSession, PinnedModelFile, SessionOptions, _session_options
@@ -243,7 +244,7 @@ def test_a_file_changed_just_before_it_was_hashed_is_not_remembered(models: Path
         pass
     with PinnedModelFile(path, known=cache) as again:
         assert again.hashed
-    assert not cache.known_sha256(path.stat())
+    assert not cache.known_sha256(FileIdentity.of(path))
 
 
 def test_a_remembered_git_lfs_pointer_is_still_named_as_such(tmp_path: Path) -> None:
@@ -255,7 +256,7 @@ def test_a_remembered_git_lfs_pointer_is_still_named_as_such(tmp_path: Path) -> 
     time.sleep(RACY_MARGIN_NS / 1e9 + 0.1)
     with PinnedModelFile(pointer, known=cache, check_head=False) as watched:  # the watcher hashes anything
         assert watched.hashed
-    assert cache.known_sha256(pointer.stat()) == watched.sha256
+    assert cache.known_sha256(FileIdentity.of(pointer)) == watched.sha256
     with pytest.raises(VoxmillError) as caught:
         ModelSession.load(pointer, "embedder", options(tmp_path / "cache"), REGISTRY)
     assert "git-lfs pointer" in caught.value.message

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.extraction import embedder_inputs, open_session, tokenizer_inputs
 from pipeline.features import mean_normalized, whisper_log_mel
+from pipeline.inference import embedder_inputs, open_session, tokenizer_inputs
 from pipeline.registry import Registry
 from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.standin import make_embedder_model, make_tokenizer_model, write_model

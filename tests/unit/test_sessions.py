@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from pipeline.errors import VoxmillError
-from pipeline.extraction import open_session
+from pipeline.inference import open_session
 from pipeline.registry import Registry
 from pipeline.sessions import ModelSession, PinnedModelFile, SessionOptions
 from pipeline.standin import make_standins

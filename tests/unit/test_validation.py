@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 from pipeline.settings import Settings
-from workers.validation import Validator, verdict_from
+from workers.reload.validation import Validator, verdict_from
 
 
 def test_a_verdict_is_taken_as_sent() -> None:

@@ -13,7 +13,7 @@ from watchdog.events import (
     FileOpenedEvent,
 )
 
-from workers.watcher import (
+from workers.reload.watcher import (
     CLOSED,
     GONE,
     LANDED,

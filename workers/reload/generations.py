@@ -83,7 +83,7 @@ def announce_candidate(
     """Say that `host`'s watcher validates a candidate (sha256, file...) for `role`, and wake the workers.
 
     Workers on `host` use it to stand one process aside, so that the validation gets a core
-    (`workers.holder`). The record expires after `ttl_s` if the watcher dies meanwhile.
+    (`workers.reload.holder`). The record expires after `ttl_s` if the watcher dies meanwhile.
     """
     record = json.dumps({"since": round(time.time(), 3), "host": host, **fields})
     pipe = client.pipeline()

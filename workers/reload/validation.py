@@ -1,6 +1,6 @@
 """Validating a candidate model file in a separate process, before any worker loads it.
 
-The check is what a worker does at load (`pipeline.extraction.open_session`), with the workers'
+The check is what a worker does at load (`pipeline.inference.open_session`), with the workers'
 provider settings: hash the file once, check the signature against the registry, run the
 reference clip once (a worker warms up with `warmup_runs`, 1 by default), check the outputs are finite. It
 runs in a child process, so a file that crashes or hangs ONNX Runtime costs a rejection, never
@@ -54,7 +54,7 @@ def verdict_from(data: Any, exitcode: int | None) -> Validation:
 
 def validate_here(path: Path, role: str, settings: Settings) -> dict[str, Any]:
     """Open the session as a worker would; the verdict as a JSON-ready dict."""
-    from pipeline.extraction import open_session
+    from pipeline.inference import open_session
     from pipeline.sessions import SessionOptions
 
     # One warm-up run checks what a validation must (the model runs, its outputs are finite),
@@ -85,7 +85,7 @@ class Validator:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.context = multiprocessing.get_context("forkserver")
-        from pipeline.extraction import SERVING_IMPORTS
+        from pipeline.inference import SERVING_IMPORTS
 
         self.context.set_forkserver_preload(list(SERVING_IMPORTS))
 

@@ -29,11 +29,11 @@ from kombu.exceptions import OperationalError
 
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
-from workers.wakeups import ResultWakeups
+from workers.queue.app import TASK_NAMES, create_app
+from workers.queue.wakeups import ResultWakeups
 
 log = logging.getLogger("voxmill.client")
 TIMEOUT_CODE = "timeout"
-TASK_NAMES = {op: f"voxmill.{op}" for op in OPS}
 POLL_BATCH = 500
 POLL_S = 0.25
 
@@ -102,11 +102,7 @@ class Client:
         """`wakeups` False: read results every `poll_s` only (no pub/sub connection)."""
         if not settings.broker_url:
             raise BrokerNotConfigured()
-        if app is None:
-            from workers.app import create_app
-
-            app = create_app(settings, polled_results=True)
-        self.app = app
+        self.app = app or create_app(settings, polled_results=True)
         self.settings = settings
         self.wakeups = wakeups
 
@@ -168,7 +164,7 @@ class Client:
                 if pending:
                     wait_s = min(backoff, max(0.0, deadline - time.monotonic()) + 0.001)
                     if wakeups is not None:
-                        announced = wakeups.wait(wait_s)
+                        announced = {channel for channel, _ in wakeups.wait(wait_s)}
                     elif not ready:
                         time.sleep(wait_s)
         finally:

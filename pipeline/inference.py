@@ -33,7 +33,7 @@ WARMUP_SECONDS = 3.0
 # What serving imports lazily. A process that forks serving processes (a prefork worker, the
 # watcher's validator) imports them first, once: importing builds no session and starts no
 # thread, so it is fork-safe, and each forked process is spared about 0.5 s of CPU.
-SERVING_IMPORTS = ("onnxruntime", "pipeline.extraction")
+SERVING_IMPORTS = ("onnxruntime", "pipeline.inference")
 FloatArray = npt.NDArray[np.float32]
 
 
@@ -163,7 +163,7 @@ def run_op(op: str, audio: Audio, sessions: Mapping[str, ModelSession], timings:
     return fields
 
 
-def process(
+def run_clip(
     label: str,
     source: str | Path | bytes,
     op: str,

@@ -9,7 +9,7 @@ worker process exits (seen in `tests/fault`: Redis restarted with AOF while task
 
 Here the channel remembers the connection parameters it was built with and uses them when the
 transport has forgotten them, so the restore (or an ack) either works or fails as a connection
-error, which Celery handles by reconnecting. `workers.app` registers this transport for the
+error, which Celery handles by reconnecting. `workers.queue.app` registers this transport for the
 `redis://` and `rediss://` schemes.
 """
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from pipeline.engines import EngineBuild, installed_engine_status
 from pipeline.errors import VoxmillError
-from pipeline.extraction import open_session
+from pipeline.inference import open_session
 from pipeline.registry import Registry
 from pipeline.sessions import SessionOptions, hash_model_file
 from pipeline.settings import Settings

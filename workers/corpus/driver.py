@@ -1,24 +1,26 @@
-"""The corpus driver behind `voxmill extract`: submit a plan's shards, watch the ledger, merge.
+"""The corpus driver behind `voxmill extract`: submit a plan's shards and follow them to the end.
 
 The ledger is on disk in the output folder: `plan.json` (the shards, fixed for the run; see
-`workers/plan.py`) and `shards/{op}-{shard:06d}.parquet` (one file per finished shard, complete
-or absent). A shard is done when its file exists, whatever happened to Redis or to the task's
-result. A shard whose task has not finished within its deadline (a few times the median shard
-time, at least a minute) is submitted again; a duplicate run of a shard rewrites identical data
-under the same name, and the merge reads each shard file once, so no utterance is ever counted
-twice. Between rounds the driver waits for a shard task to announce its result (`workers.wakeups`),
-at most `READ_EVERY_S`: it neither sleeps past a finished shard nor spins while shards run. It
-listens to every run's shard results (a pattern): another run's shard costs it one early read.
+`workers.corpus.plan`) and `shards/{op}-{shard:06d}.parquet` (one file per finished shard,
+complete or absent). A shard is done when its file exists, whatever happened to Redis or to its
+task. Its task announces it once, on the run's channel, with its counts; the driver listens, and
+every round it also looks for the files of the shards in flight, so a lost announcement costs at
+most `READ_EVERY_S`. A shard whose file has not appeared within its deadline (a few times the
+median shard time, at least a minute) is submitted again; a duplicate run of a shard rewrites
+identical data under the same name, and the merge reads each shard file once, so no utterance is
+ever counted twice.
+
+The driver owns its loop: every round it asks its cluster whether the work can go on
+(`Cluster.check`) and how many workers are ready (the window of shards in flight).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,29 +29,27 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from pipeline.errors import VoxmillError
-from pipeline.merge import merge_outputs
-from pipeline.records import ShardSpec
+from pipeline.records import ShardResult, ShardSpec
 from pipeline.settings import Settings
 from pipeline.writers import shard_counts, shard_path
-from workers import keys, status
-from workers.plan import Plan, RunError
-from workers.progress import Counts, ProgressView
-from workers.wakeups import ResultWakeups
+from workers import keys
+from workers.corpus.cluster import Cluster
+from workers.corpus.plan import Plan, RunError
+from workers.corpus.progress import ProgressView
+from workers.queue.app import SHARD_TASK
+from workers.queue.wakeups import ResultWakeups
 
-log = logging.getLogger("voxmill.driver")
-READ_EVERY_S = 1.0  # results are read at least this often, announced or not
+READ_EVERY_S = 1.0  # the in-flight shards' files are looked for at least this often
 MAX_DEADLINE_DOUBLINGS = 8  # a shard submitted again and again waits at most 8x the deadline
 RECENT_SHARDS = 200  # the deadline follows the median time of the most recent shards
-WINDOW_REFRESH_S = 2.0  # how often the number of live workers is read again
+WINDOW_REFRESH_S = 2.0  # how often the number of ready workers is read again
 
 
 @dataclass
 class InFlight:
-    """A submitted shard: its task id, when it was sent and how many times."""
+    """A submitted shard: when it was sent and how many times."""
 
     spec: ShardSpec
-    task_id: str
     submitted: float
     attempts: int = 1
 
@@ -92,32 +92,20 @@ def longest_first(specs: Sequence[ShardSpec]) -> list[ShardSpec]:
 
 
 class CorpusDriver:
-    """Submits the shards of a plan and follows them to the end.
+    """Submits the shards of a plan to a cluster and follows them until every shard file exists."""
 
-    `health`, when given, is called every round and raises to end the run (the local workers
-    died, or never got ready): shards are submitted before workers are up, so nothing else
-    would notice.
-    """
-
-    def __init__(
-        self,
-        app: Celery,
-        settings: Settings,
-        plan: Plan,
-        out_dir: Path,
-        view: ProgressView,
-        health: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, app: Celery, cluster: Cluster, plan: Plan, out_dir: Path, view: ProgressView) -> None:
         self.app = app
-        self.health = health
-        self.settings = settings
+        self.cluster = cluster
+        self.settings: Settings = cluster.settings
         self.plan = plan
         self.view = view
         self.ledger = Ledger(out_dir, longest_first(plan.specs))
         self.redis = redis.Redis.from_url(
-            settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5
+            self.settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5
         )
-        self.wakeups = ResultWakeups(self.redis)
+        self.channel = keys.SHARDS_DONE_CHANNEL.format(run=plan.run)
+        self.announcements = ResultWakeups(self.redis)
         self._redis_down_since: float | None = None
         self._window_size = 4
         self._window_read_at = -WINDOW_REFRESH_S
@@ -128,20 +116,22 @@ class CorpusDriver:
         by_name = {spec.name: spec for spec in self.ledger.specs}
         for name, value in self.ledger.done.items():
             self._count(by_name[name], value)
+        announced: list[ShardResult] = []
         try:
             while not self._all_done():
-                if not self.wakeups.listening:  # before reading: no announcement falls in between
-                    self.wakeups.follow_pattern(keys.SHARD_RESULT_PATTERN)
+                if not self.announcements.listening:  # before looking: no announcement falls in between
+                    self.announcements.follow([self.channel])
                 try:
-                    self._step()
+                    self._step(announced)
                     self._redis_down_since = None
                 except (redis.RedisError, OperationalError, OSError) as exc:
                     self._broker_trouble(exc)
                 self.view.update()
                 if not self._all_done():  # the last shard seen: on to the merge at once
-                    self.wakeups.wait(READ_EVERY_S)
+                    announced = [_shard_result(data) for _, data in self.announcements.wait(READ_EVERY_S)]
         finally:
-            self.wakeups.close()
+            self.announcements.close()
+            self.redis.close()
 
     def _all_done(self) -> bool:
         return len(self.ledger.done) >= len(self.ledger.specs)
@@ -153,51 +143,51 @@ class CorpusDriver:
             self.view.message(f"broker unreachable ({type(exc).__name__}); waiting for it to come back…")
         time.sleep(min(5.0, 0.5 + (now - self._redis_down_since) / 4))
 
-    def _step(self) -> None:
-        if self.health is not None:
-            self.health()
-        self._collect()
+    def _step(self, announced: list[ShardResult]) -> None:
+        self.cluster.check(self.redis)
+        self._collect(announced)
         window = self._window()
         for spec in self.ledger.waiting()[: max(0, window - len(self.ledger.inflight))]:
             self._submit(spec)
         self._resubmit_late()
 
     def _window(self) -> int:
-        """How many shards to keep in flight: twice the live worker processes, at least 4."""
+        """How many shards to keep in flight: twice the ready worker processes, at least 4."""
         now = time.monotonic()
         if now - self._window_read_at >= WINDOW_REFRESH_S:
             self._window_read_at = now
             try:
-                self._window_size = max(4, 2 * status.count_ready_workers(self.redis))
+                self._window_size = max(4, 2 * self.cluster.ready_workers(self.redis))
             except redis.RedisError:
                 self._window_size = 4
         return self._window_size
 
     def _submit(self, spec: ShardSpec, attempts: int = 1) -> None:
-        sent = self.app.send_task(
-            "voxmill.shard", args=[spec.to_dict()], queue=spec.op, serializer="json", ignore_result=True
+        self.app.send_task(
+            SHARD_TASK, args=[spec.to_dict()], queue=spec.op, serializer="json", ignore_result=True
         )
-        self.ledger.inflight[spec.name] = InFlight(spec, str(sent.id), time.monotonic(), attempts)
+        self.ledger.inflight[spec.name] = InFlight(spec, time.monotonic(), attempts)
 
-    def _collect(self) -> None:
-        items = list(self.ledger.inflight.items())
-        if not items:
-            return
-        raw = self.redis.mget([keys.SHARD_RESULT.format(task_id=item.task_id) for _, item in items])
-        for (name, item), value in zip(items, raw, strict=True):
-            result = json.loads(value) if value else None
-            if result is not None and result.get("error"):
-                raise RunError(f"shard {name} failed: {result['error']['message']}")
+    def _collect(self, announced: list[ShardResult]) -> None:
+        """Finish the shards whose files exist, announced or not; a failed shard ends the run."""
+        reported: dict[str, ShardResult] = {}
+        for result in announced:
+            if result.error:
+                raise RunError(f"shard {result.name} failed: {result.error['message']}")
+            reported[result.name] = result
+        for name, item in list(self.ledger.inflight.items()):
             if self.ledger.file_of(item.spec).exists():
-                self._finish(name, item, result)
-            elif result is not None:  # reported done, yet no file: do it again
+                self._finish(name, item, reported.get(name))
+            elif name in reported:  # announced, yet no file: do it again
                 self._resubmit(item)
 
-    def _finish(self, name: str, item: InFlight, value: dict[str, Any] | None) -> None:
+    def _finish(self, name: str, item: InFlight, result: ShardResult | None) -> None:
         del self.ledger.inflight[name]
-        if value is None:
+        if result is None:
             ok, failed = shard_counts(self.ledger.file_of(item.spec))
             value = {"ok": ok, "failed": failed}
+        else:
+            value = {"ok": result.ok, "failed": result.failed}
         self.ledger.done[name] = value
         self.ledger.durations_s.append(time.monotonic() - item.submitted)
         self._count(item.spec, value)
@@ -227,36 +217,5 @@ class CorpusDriver:
         counts.failed += int(value.get("failed", 0))
 
 
-def run_corpus(
-    app: Celery,
-    settings: Settings,
-    plan: Plan,
-    out_dir: Path,
-    quiet: bool = False,
-    extra_report: dict[str, Any] | None = None,
-    started: float | None = None,
-    health: Callable[[], None] | None = None,
-    finished: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """Drive `plan` to the end and merge the outputs; returns `report.json`'s content.
-
-    `wall_seconds` counts from `started` (a `time.monotonic()` value; default: now). `health`:
-    see `CorpusDriver`; `finished` is called once every shard file exists, before the merge (to
-    stop local workers that have nothing left to do).
-    """
-    started = time.monotonic() if started is None else started
-    audio_total = sum(u.duration_s or 0.0 for u in plan.utterances())
-    counts = Counts(
-        units_total=sum(len(s.utts) for s in plan.specs), audio_total_s=audio_total, n_ops=len(plan.ops)
-    )
-    with ProgressView(counts, quiet=quiet) as view:
-        driver = CorpusDriver(app, settings, plan, out_dir, view, health)
-        driver.run()
-    if finished is not None:
-        finished()
-    extra = {"wall_seconds": round(time.monotonic() - started, 3), **(extra_report or {})}
-    extra["resubmitted_shards"] = driver.ledger.resubmitted
-    try:
-        return merge_outputs(out_dir, plan.specs, extra, plan.order or None)
-    except VoxmillError as exc:
-        raise RunError(exc.message) from None
+def _shard_result(data: Any) -> ShardResult:
+    return ShardResult.from_dict(json.loads(data))

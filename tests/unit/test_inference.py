@@ -9,15 +9,15 @@ import pytest
 
 from pipeline import Extractor
 from pipeline.errors import VoxmillError
-from pipeline.extraction import (
+from pipeline.features import whisper_log_mel
+from pipeline.inference import (
     STRIDE_FRAMES,
     WINDOW_FRAMES,
     merge_windows,
-    process,
+    run_clip,
     tokenizer_inputs,
     window_starts,
 )
-from pipeline.features import whisper_log_mel
 from pipeline.settings import AudioLimits
 from pipeline.standin import make_standins
 
@@ -105,12 +105,12 @@ def test_30_s_clip_is_one_window(extractor: Extractor) -> None:
 
 def test_process_returns_errors_as_data(extractor: Extractor, tmp_path: Path) -> None:
     limits = AudioLimits()
-    result = process("x", tmp_path / "missing.wav", "extract", extractor.sessions, limits)
+    result = run_clip("x", tmp_path / "missing.wav", "extract", extractor.sessions, limits)
     assert result.error == {"code": "not_found", "message": f"no such file: {tmp_path / 'missing.wav'}"}
     assert set(result.models) == {"tokenizer", "embedder"}
-    ok = process("y", FIXTURES / "chirp_3s.wav", "extract", extractor.sessions, limits)
+    ok = run_clip("y", FIXTURES / "chirp_3s.wav", "extract", extractor.sessions, limits)
     assert ok.error is None and ok.audio_seconds == 3.0 and len(ok.embedding or []) == 192
-    bad = process("z", FIXTURES / "chirp_3s.wav", "transcribe", extractor.sessions, limits)
+    bad = run_clip("z", FIXTURES / "chirp_3s.wav", "transcribe", extractor.sessions, limits)
     assert bad.error is not None and bad.error["code"] == "bad_request"
 
 

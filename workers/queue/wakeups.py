@@ -1,7 +1,7 @@
 """Wake-ups when results are stored: Redis pub/sub on the result keys' own channels.
 
 Celery's Redis backend publishes each stored result on a channel named as its key, and a shard
-task publishes its report the same way (`workers.tasks.Runner.report_shard`). Whoever waits for
+task publishes its report the same way (`workers.queue.tasks.Runner.report_shard`). Whoever waits for
 results (the producer client, the corpus driver) listens and reads as soon as something is
 announced, instead of sleeping between reads; it still reads everything now and then, so a lost
 announcement costs a little time, never a result.
@@ -22,9 +22,8 @@ SUBSCRIBE_BATCH = 1000
 class ResultWakeups:
     """Says which results were just stored (Redis pub/sub on the result keys).
 
-    Only a hint of what to read now: a result itself is always read from its key. Any Redis
-    trouble drops the subscription (`listening` turns False) until `follow` or `follow_pattern`
-    is called again.
+    Only a hint of what to read now: a result itself is always read from where it is kept. Any
+    Redis trouble drops the subscription (`listening` turns False) until `follow` is called again.
     """
 
     def __init__(self, client: redis.Redis) -> None:
@@ -34,10 +33,6 @@ class ResultWakeups:
     @property
     def listening(self) -> bool:
         return self.pubsub is not None
-
-    def follow_pattern(self, pattern: str) -> None:
-        """Listen on every channel matching `pattern` (Redis glob), e.g. all shard results."""
-        self._listen(lambda pubsub: pubsub.psubscribe(pattern))
 
     def follow(self, keys: Sequence[Any]) -> None:
         """Listen on `keys` (before reading them, so no announcement falls in between)."""
@@ -57,18 +52,18 @@ class ResultWakeups:
         except (redis.RedisError, OSError):
             self.close()
 
-    def wait(self, timeout_s: float) -> set[Any]:
-        """The keys announced from now until the first announcement, or after `timeout_s` (empty)."""
+    def wait(self, timeout_s: float) -> list[tuple[Any, Any]]:
+        """The (channel, data) announcements from now until the first one, or after `timeout_s` (none)."""
         if self.pubsub is None:
             time.sleep(timeout_s)
-            return set()
+            return []
         deadline = time.monotonic() + timeout_s
-        announced: set[Any] = set()
+        announced: list[tuple[Any, Any]] = []
         try:
             while not announced and (left := deadline - time.monotonic()) > 0:
                 message = self.pubsub.get_message(timeout=left)
                 while message is not None:  # several results at once: one read serves them all
-                    announced.add(message["channel"])
+                    announced.append((message["channel"], message["data"]))
                     message = self.pubsub.get_message(timeout=0)
         except (redis.RedisError, OSError, ValueError):
             self.close()

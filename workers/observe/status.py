@@ -9,8 +9,9 @@ from typing import Any
 import redis
 
 from pipeline.records import ROLES
-from workers import generations, keys
+from workers import keys
 from workers.keys import QUEUES
+from workers.reload import generations
 
 STATUS_VERSION = 1
 

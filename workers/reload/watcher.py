@@ -7,22 +7,22 @@ One watcher runs per model folder (per machine). What it does with a file:
    (`opened`, `closed_no_write`: every worker loading a model makes them) are dropped. A symlinked
    folder (`models/current -> v2/`) is followed by polling what it resolves to on every tick
    (0.1 s): when the target changes, the watch moves to the new folder and every role is
-   re-checked. A rescan every 2 s compares each role's file stamp with the last one seen, which
+   re-checked. A rescan every 2 s compares each role's file identity with the last one seen, which
    catches what events miss (network file systems, a symlinked model file whose blob changes).
-2. **Waits until it settles.** A role's file is a candidate once its stamp (path, inode, size,
-   mtime) held still for `watch_quiet_s` and, where the platform reports it (inotify), its writer
-   closed it; a file held open without writes for `watch_writing_max_s` settles anyway. It is
-   hashed once, and with the optimized-model cache on the sha256 is recorded for this machine
+2. **Waits until it settles.** A role's file is a candidate once its identity (path, inode, size,
+   mtime, ctime: `pipeline.identity.FileIdentity`) held still for `watch_quiet_s` and, where
+   the platform reports it (inotify), its writer closed it; a file held open without writes for
+   `watch_writing_max_s` settles anyway. It is hashed once, and with the optimized-model cache on the sha256 is recorded for this machine
    (`pipeline.model_cache`, known hashes): the validator and every worker loading the unchanged
    file take it from there instead of reading half a gigabyte again.
    A changed file is announced to the machine's workers as a candidate (`keys.CANDIDATE`) as
    soon as it settles and until its verdict is out: for a large model one of them stands aside
-   meanwhile, so the hash and the validation get a core (`workers.holder`).
-3. **Validates it in a separate process** (`workers.validation`) with the workers' provider
+   meanwhile, so the hash and the validation get a core (`workers.reload.coordinator`).
+3. **Validates it in a separate process** (`workers.reload.validation`) with the workers' provider
    settings: load, signature check against the registry, one run of the reference clip, outputs
-   finite (`pipeline.extraction.open_session`). A crash or a hang of the validator
+   finite (`pipeline.inference.open_session`). A crash or a hang of the validator
    (`watch_validate_timeout_s`) is a rejection, never a dead watcher.
-4. **Publishes or rejects.** Accepted: a new generation record in Redis (`workers.generations`),
+4. **Publishes or rejects.** Accepted: a new generation record in Redis (`workers.reload.generations`),
    announced on `keys.GENERATION_CHANNEL`. Rejected: the reason goes to the log, to
    `keys.REJECTION` (`voxmill status` shows it) and to `WatcherHooks.after_rejection` (the metrics
    hook); the published generation is untouched. A deleted file is a warning: workers keep
@@ -51,7 +51,6 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,12 +75,12 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from pipeline.errors import VoxmillError
+from pipeline.identity import FileIdentity
 from pipeline.registry import Registry
 from pipeline.sessions import SessionOptions, hash_model_file
 from pipeline.settings import Settings
-from workers import generations
-from workers.holder import FileStamp
-from workers.validation import EXIT_GRACE_S, Validation, Validator
+from workers.reload import generations
+from workers.reload.validation import EXIT_GRACE_S, Validation, Validator
 
 log = logging.getLogger("voxmill.watcher")
 TICK_S = 0.1
@@ -100,7 +99,7 @@ EVENT_FILTER: list[type[FileSystemEvent]] = [
     FileMovedEvent,
     FileDeletedEvent,
 ]
-Stamp = Hashable  # (path, FileStamp) of a role's file, or None when it has none
+Stamp = FileIdentity | None  # a role's file now (None: it has none)
 
 
 # -- pure parts: event filtering, debounce, start-up rule -----------------------------------
@@ -371,7 +370,7 @@ class Watcher:
         if path is None:
             return None
         try:
-            return (str(path), FileStamp.of(path))
+            return FileIdentity.of(path)
         except OSError:
             return None
 
@@ -525,7 +524,7 @@ def serve(settings: Settings) -> None:
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=10, socket_connect_timeout=5)
     hooks = WatcherHooks()
     if settings.watcher_metrics_port:
-        from workers import metrics
+        from workers.observe import metrics
 
         hooks = MetricsHooks(metrics.Metrics())
         metrics.serve(settings.watcher_metrics_port)

@@ -1,0 +1,129 @@
+"""Where a corpus run's shards are done: workers anywhere on a broker, or a cluster of its own.
+
+The driver asks a cluster three things: its settings (the broker), how many worker processes
+are ready (how many shards to keep in flight), and whether it can still do the work (`check`,
+which raises `RunError` when it cannot); and it tells it to `stop` once every shard file exists.
+
+- `RemoteCluster`: `VOXMILL_BROKER_URL` is set; workers anywhere take the shards.
+- `EmbeddedCluster`: no broker; a private Redis and local worker processes, spawned as soon as
+  the corpus is read (a worker takes a second or more to import its code and load its models,
+  time the run fills with probing the corpus and submitting the first shards, which wait in the
+  queue), stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.errors import VoxmillError
+from pipeline.records import ROLES_BY_OP, Utterance
+from pipeline.registry import Registry
+from pipeline.settings import Settings
+from workers.corpus.plan import RunError
+from workers.embedded import EmbeddedRedis, LocalWorkers, ProcessExited
+
+if TYPE_CHECKING:  # redis-py and Celery are imported once the local workers are spawned
+    import redis
+
+
+class RemoteCluster:
+    """Workers anywhere on the configured broker; the run neither starts nor stops them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def ready_workers(self, client: redis.Redis) -> int:
+        from workers.observe import status
+
+        return status.count_ready_workers(client)
+
+    def check(self, client: redis.Redis) -> None:
+        """Workers may come and go: nothing to check (late shards are submitted again)."""
+
+    def stop(self, completed: bool = False) -> None:
+        """Nothing of the run's own to stop."""
+
+
+class EmbeddedCluster:
+    """An embedded Redis and `workers` local worker processes for one run."""
+
+    def __init__(
+        self, settings: Settings, utts: Sequence[Utterance], out_dir: Path, ops: Sequence[str], workers: int
+    ) -> None:
+        check_models(settings, ops)
+        self.redis = EmbeddedRedis()
+        roots = (*settings.allowed_roots, *corpus_roots(utts, out_dir))
+        self.settings = settings.model_copy(update={"broker_url": self.redis.url, "allowed_roots": roots})
+        self.workers = LocalWorkers(
+            self.settings, workers, queues=list(ops), log_path=out_dir / "workers.log"
+        )
+        self._ready = False
+        self._started_at = 0.0
+
+    def start(self) -> EmbeddedCluster:
+        """Spawn Redis and the workers; return once Redis answers (the workers keep starting)."""
+        self.redis.spawn()
+        self.workers.start()
+        self._started_at = time.monotonic()
+        try:
+            self.redis.wait_up()
+        except (TimeoutError, ProcessExited) as exc:
+            self.stop()
+            raise RunError(f"cannot start the embedded Redis: {exc}") from None
+        return self
+
+    def ready_workers(self, client: redis.Redis) -> int:
+        return self.workers.concurrency if self._ready else self.workers.ready_count(client)
+
+    def check(self, client: redis.Redis) -> None:
+        """`RunError` if the local workers exited, or have not loaded their models in time."""
+        timeout_s = self.settings.local_ready_timeout_s
+        try:
+            self.workers.check_running()
+            if not self._ready:
+                self._ready = self.workers.ready(client)
+            if not self._ready and time.monotonic() - self._started_at > timeout_s:
+                raise TimeoutError(
+                    f"the local workers did not load their models within {timeout_s:g} s; "
+                    f"see {self.workers.log_path}"
+                )
+        except (TimeoutError, ProcessExited) as exc:
+            raise RunError(str(exc)) from None
+
+    def stop(self, completed: bool = False) -> None:
+        """Stop the workers and Redis (again: nothing). Once every shard file exists nothing is in
+        flight, so the workers are killed at once; otherwise they get up to 5 s of warm shutdown
+        (shards are idempotent: one cut short runs again on resume)."""
+        self.workers.stop(timeout_s=0.0 if completed else 5.0)
+        self.redis.stop()
+
+
+Cluster = RemoteCluster | EmbeddedCluster
+
+
+def corpus_roots(utts: Sequence[Utterance], out_dir: Path, limit: int = 64) -> list[Path]:
+    """The folders an embedded run's workers must be allowed to read (and the output folder)."""
+    folders = sorted({Path(u.path).parent for u in utts})
+    if len(folders) > limit:
+        common = Path(os.path.commonpath([str(f) for f in folders]))
+        if len(common.parts) > 2:  # never collapse to "/" or a top-level folder such as /home
+            folders = [common]
+    minimal: list[Path] = []
+    for folder in folders:
+        if not any(folder == m or m in folder.parents for m in minimal):
+            minimal.append(folder)
+    return [*minimal, out_dir.resolve()]
+
+
+def check_models(settings: Settings, ops: Sequence[str]) -> None:
+    """Fail early, with the fix, when the model folder lacks a model the ops need."""
+    registry = Registry.load()
+    for role in dict.fromkeys(r for op in ops for r in ROLES_BY_OP[op]):
+        try:
+            registry.find_model(role, settings.model_dir)
+        except VoxmillError as exc:
+            raise RunError(exc.message) from None

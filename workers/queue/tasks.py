@@ -1,0 +1,267 @@
+"""voxmill's Celery tasks: thin glue from a decoded payload to one `pipeline` call.
+
+Payloads are JSON (or msgpack when they carry raw bytes):
+- `voxmill.tokenize|embed|extract`: `{"path": str}` or `{"audio": bytes, "name": str?}`; the
+  result is the contract's `TaskResult`.
+- `voxmill.shard`: a `ShardSpec` dict; the task writes the shard file, then announces its
+  `ShardResult` on the run's channel (`keys.SHARDS_DONE_CHANNEL`). It stores no Celery result.
+Bad input is a result with an error code. Only a missing model (still loading, or a failed load
+that a later generation may fix) is retried, with bounded backoff.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+from celery import Celery, Task
+
+from pipeline import errors
+from pipeline.errors import VoxmillError
+from pipeline.inference import run_clip
+from pipeline.paths import resolve_allowed_path
+from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult
+from pipeline.writers import shard_counts, shard_path, write_shard
+from workers import keys
+from workers.queue.app import SHARD_TASK, TASK_NAMES
+from workers.reload.holder import ModelUnavailable
+
+if TYPE_CHECKING:
+    from workers.worker import WorkerProcess
+
+log = logging.getLogger("voxmill.tasks")
+
+
+class MalformedCall:
+    """A single-audio task called with other than one job argument; `decode_job` refuses it."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        keywords = f" and keyword(s) {', '.join(sorted(kwargs))}" if kwargs else ""
+        self.message = f"a voxmill task takes one job argument; got {len(args)} positional{keywords}"
+
+
+def job_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The job of a task call (`(job,)` or `job=`); any other call shape becomes a `MalformedCall`."""
+    if len(args) == 1 and not kwargs:
+        return args[0]
+    if not args and set(kwargs) == {"job"}:
+        return kwargs["job"]
+    return MalformedCall(args, kwargs)
+
+
+def decode_job(job: Any, roots: tuple[Path, ...]) -> tuple[str, str | Path | bytes]:
+    """(label, source) of a single-audio payload; `bad_request` or `forbidden_path` when it is wrong."""
+    if isinstance(job, MalformedCall):
+        raise VoxmillError(errors.BAD_REQUEST, job.message)
+    if not isinstance(job, dict):
+        raise VoxmillError(errors.BAD_REQUEST, f"job must be an object, not {type(job).__name__}")
+    if "path" in job:
+        path = job["path"]
+        if not isinstance(path, str):
+            raise VoxmillError(errors.BAD_REQUEST, f"'path' must be a string, not {type(path).__name__}")
+        return path, resolve_allowed_path(path, roots)
+    if "audio" in job:
+        audio, name = job["audio"], job.get("name", "<bytes>")
+        if not isinstance(audio, (bytes, bytearray)):
+            raise VoxmillError(
+                errors.BAD_REQUEST, f"'audio' must be raw bytes (msgpack), not {type(audio).__name__}"
+            )
+        if not isinstance(name, str):
+            raise VoxmillError(errors.BAD_REQUEST, f"'name' must be a string, not {type(name).__name__}")
+        return name, bytes(audio)
+    raise VoxmillError(errors.BAD_REQUEST, "job needs 'path' (a string) or 'audio' (bytes)")
+
+
+def job_label(job: Any) -> str:
+    """A printable name for a job, even a malformed one."""
+    if isinstance(job, dict):
+        for key in ("path", "name"):
+            if isinstance(job.get(key), str):
+                return str(job[key])
+    return "<invalid job>"
+
+
+def retry_countdown(retries: int) -> float:
+    """Bounded exponential backoff: 1, 2, 4 ... 30 s."""
+    return float(min(30, 2**retries))
+
+
+def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, Any]:
+    """One audio, one op: the contract's result object."""
+    try:
+        label, source = decode_job(job, process.roots)
+    except VoxmillError as exc:
+        return TaskResult(input=job_label(job), op=op, error=exc.to_dict()).to_dict()
+    started = time.perf_counter()
+    try:
+        with process.metrics.in_flight(), process.serving(ROLES_BY_OP[op]) as sessions:
+            result = run_clip(label, source, op, sessions, process.limits)
+    except ModelUnavailable as exc:
+        retries = process.settings.model_retries
+        raise task.retry(
+            exc=exc, countdown=retry_countdown(task.request.retries), max_retries=retries
+        ) from exc
+    record(process, op, [result], time.perf_counter() - started)
+    log_result(task, result)
+    return result.to_dict()
+
+
+def run_shard(process: WorkerProcess, task: Task, payload: Any) -> dict[str, Any]:
+    """A corpus shard: every utterance, then the shard file, then one announcement that names it."""
+    result = _shard_result(process, task, payload)
+    run = payload.get("run") if isinstance(payload, dict) else None
+    if run and process.redis is not None:
+        try:
+            process.redis.publish(keys.SHARDS_DONE_CHANNEL.format(run=run), json.dumps(result.to_dict()))
+        except redis.RedisError as exc:  # the driver finds the file at its next look
+            log.warning("could not announce shard %s: %s", result.name, exc)
+    return result.to_dict()
+
+
+def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResult:
+    started = time.perf_counter()
+    try:
+        spec = ShardSpec.from_dict(payload)
+        out_dir = resolve_allowed_path(spec.out_dir, process.roots)
+        if spec.op not in ROLES_BY_OP:
+            raise VoxmillError(errors.BAD_REQUEST, f"unknown op {spec.op!r}")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return failed_shard(payload, VoxmillError(errors.BAD_REQUEST, f"malformed shard payload: {exc}"))
+    except VoxmillError as exc:
+        return failed_shard(payload, exc)
+    done = finished_shard(out_dir, spec)
+    if done is not None:  # a redelivered or resubmitted shard that is already written
+        return done
+    try:
+        with process.metrics.in_flight(), process.serving(ROLES_BY_OP[spec.op]) as sessions:
+            results = [_utterance(process, u.utt, u.path, spec.op, sessions) for u in spec.utts]
+            models = {role: s.ref.to_dict() for role, s in sessions.items()}
+    except ModelUnavailable as exc:
+        if task.request.retries >= process.settings.model_retries:
+            return failed_shard(payload, VoxmillError(errors.MODEL_ERROR, str(exc)))
+        raise task.retry(
+            exc=exc,
+            countdown=retry_countdown(task.request.retries),
+            max_retries=process.settings.model_retries,
+        ) from exc
+    try:
+        path = write_shard(out_dir, spec, results)
+    except VoxmillError as exc:
+        return failed_shard(payload, exc)
+    ok = sum(1 for r in results if r.ok)
+    record(process, spec.op, results, time.perf_counter() - started, outcome="ok")
+    return ShardResult(
+        shard=spec.shard,
+        op=spec.op,
+        path=str(path),
+        ok=ok,
+        failed=len(results) - ok,
+        audio_seconds=round(sum(r.audio_seconds or 0.0 for r in results), 4),
+        seconds=round(time.perf_counter() - started, 4),
+        models=models,
+    )
+
+
+def _utterance(process: WorkerProcess, utt: str, path: str, op: str, sessions: Any) -> TaskResult:
+    try:
+        source = resolve_allowed_path(path, process.roots)
+    except VoxmillError as exc:
+        return TaskResult(input=utt, op=op, error=exc.to_dict())
+    return run_clip(utt, source, op, sessions, process.limits)
+
+
+def record(
+    process: WorkerProcess, op: str, results: list[TaskResult], seconds: float, outcome: str | None = None
+) -> None:
+    """Metrics of one task: latency and outcome (default: the first result's), each failure's code."""
+    if results:
+        label = model_label(results[0].models)
+        process.metrics.task_done(op, label, outcome or outcome_of(results[0]), seconds)
+    for result in results:
+        if result.error is not None:
+            process.metrics.failure(op, outcome_of(result))
+
+
+def model_label(models: dict[str, dict[str, str]]) -> str:
+    """The `model_sha256` label of a result: the sha256 (first 12) of each model used."""
+    return ",".join(f"{role}:{ref['sha256'][:12]}" for role, ref in sorted(models.items()))
+
+
+def outcome_of(result: TaskResult) -> str:
+    """`ok` or the error code."""
+    return "ok" if result.error is None else result.error.get("code", "internal")
+
+
+def finished_shard(out_dir: Path, spec: ShardSpec) -> ShardResult | None:
+    """The counts of a shard whose file already exists (files are complete or absent), else None."""
+    path = shard_path(out_dir, spec.op, spec.shard)
+    if not path.exists():
+        return None
+    try:
+        ok, failed = shard_counts(path)
+    except Exception:  # unreadable: do the shard again and replace it
+        return None
+    return ShardResult(
+        shard=spec.shard, op=spec.op, path=str(path), ok=ok, failed=failed, audio_seconds=0.0, seconds=0.0
+    )
+
+
+def failed_shard(payload: Any, exc: VoxmillError) -> ShardResult:
+    """A shard result that says the whole shard could not be done (bad payload, unwritable output)."""
+    shard = payload.get("shard", -1) if isinstance(payload, dict) else -1
+    op = payload.get("op", "") if isinstance(payload, dict) else ""
+    log.error("shard %s/%s failed: %s", op, shard, exc.message)
+    return ShardResult(
+        shard=int(shard) if isinstance(shard, int) else -1,
+        op=str(op),
+        path="",
+        ok=0,
+        failed=0,
+        audio_seconds=0.0,
+        seconds=0.0,
+        error=exc.to_dict(),
+    )
+
+
+def log_result(task: Task, result: TaskResult) -> None:
+    """One line per task: id, op, input, outcome, duration and model sha256."""
+    outcome = "ok" if result.ok else (result.error or {}).get("code", "error")
+    shas = ",".join(f"{role}={m['sha256'][:12]}" for role, m in result.models.items())
+    total_ms = sum(result.timings_ms.values())
+    log.info(
+        "task %s op=%s input=%s outcome=%s ms=%.1f models=%s",
+        task.request.id,
+        result.op,
+        result.input,
+        outcome,
+        total_ms,
+        shas,
+        extra={
+            "task_id": task.request.id,
+            "op": result.op,
+            "input": result.input,
+            "outcome": outcome,
+            "duration_ms": round(total_ms, 3),
+            "models": result.models,
+        },
+    )
+
+
+def register_tasks(app: Celery, process: WorkerProcess) -> None:
+    """Define voxmill's task handlers on `app`, serving from `process`."""
+
+    def job_task(op: str) -> None:
+        @app.task(name=TASK_NAMES[op], bind=True)
+        def handler(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return run_job(process, self, op, job_argument(args, kwargs))
+
+    for op in TASK_NAMES:
+        job_task(op)
+
+    @app.task(name=SHARD_TASK, bind=True, ignore_result=True)
+    def shard(self: Task, payload: Any) -> dict[str, Any]:
+        return run_shard(process, self, payload)
