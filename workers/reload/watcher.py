@@ -10,11 +10,12 @@ One watcher runs per model folder (per machine). What it does with a file:
    re-checked. A rescan every 2 s compares each role's file identity with the last one seen, which
    catches what events miss (network file systems, a symlinked model file whose blob changes).
 2. **Waits until it settles.** A role's file is a candidate once its identity (path, inode, size,
-   mtime, ctime: `pipeline.identity.FileIdentity`) held still for `watch_quiet_s` and, where
-   the platform reports it (inotify), its writer closed it; a file held open without writes for
-   `watch_writing_max_s` settles anyway. It is hashed once, and with the optimized-model cache
-   on the sha256 is recorded for this machine (`pipeline.model_cache`, known hashes): the validator and every worker loading the unchanged
-   file take it from there instead of reading half a gigabyte again.
+   mtime, ctime: `pipeline.identity.FileIdentity`) held still for `watch_quiet_s` and, where the
+   platform reports it (inotify), its writer closed it; a file held open without writes for
+   `watch_writing_max_s` settles anyway. It is hashed once, and with the optimized-model cache on
+   the sha256 is recorded for this machine (`pipeline.model_cache`, known hashes): the validator
+   and every worker loading the unchanged file take it from there instead of reading half a
+   gigabyte again.
    A changed file is announced to the machine's workers as a candidate (`keys.CANDIDATE`) as
    soon as it settles and until its verdict is out: for a large model one of them stands aside
    meanwhile, so the hash and the validation get a core (`workers.reload.coordinator`).
