@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -93,7 +94,12 @@ def wait_until(
 
 
 class EmbeddedRedis:
-    """A private Redis on 127.0.0.1 and a free port, data in a temporary folder.
+    """A private Redis on 127.0.0.1 and a free port, data in a temporary folder, behind a password.
+
+    Every other user of the machine can reach a port on 127.0.0.1, so the server requires a
+    password made fresh from `secrets` for each instance (`url` carries it). The password reaches
+    redis-server in a config file of mode 0600 in a private folder (mode 0700), never on its
+    command line, which `ps` shows every user (docs/security.md).
 
     `start()` is `spawn()` then `wait_up()`; a caller with other work to do meanwhile (starting
     the workers, whose Celery connection retries until Redis answers) calls them apart.
@@ -101,23 +107,41 @@ class EmbeddedRedis:
 
     def __init__(self, data_dir: Path | None = None, port: int | None = None) -> None:
         self.port = port or free_port()
-        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="voxmill-redis-")
-        self.data_dir = data_dir or Path(self._tmp.name if self._tmp else ".")
+        # Holds the config with the password, and the data unless the caller gives a folder.
+        self._tmp = tempfile.TemporaryDirectory(prefix="voxmill-redis-")
+        self.private_dir = Path(self._tmp.name)
+        self._own_data = data_dir is None
+        self.data_dir = data_dir or self.private_dir
+        # Hex: safe unquoted in a shell `export` line and in a URL, with 256 bits of entropy.
+        self.password = secrets.token_hex(32)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         return self.spawn().wait_up(timeout_s)
 
+    def write_config(self) -> Path:
+        """The private config file: config/redis.conf included, then `requirepass` (mode 0600)."""
+        self.private_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.private_dir, 0o700)  # mkdtemp makes it 0700 already; a re-made one too
+        lines = []
+        if REDIS_CONF.exists():
+            lines.append(f"include {redis_config_quote(str(REDIS_CONF))}")
+        lines.append(f"requirepass {self.password}")
+        path = self.private_dir / "private.conf"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as file:
+            os.fchmod(file.fileno(), 0o600)  # O_CREAT's mode does not apply to an existing file
+            file.write("\n".join(lines) + "\n")
+        return path
+
     def spawn(self) -> EmbeddedRedis:
         """Start the server process without waiting for it to answer."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [redis_server_binary()]
-        if REDIS_CONF.exists():
-            args.append(str(REDIS_CONF))
+        args = [redis_server_binary(), str(self.write_config())]
         args += [
             "--port",
             str(self.port),
@@ -138,10 +162,13 @@ class EmbeddedRedis:
         return self
 
     def wait_up(self, timeout_s: float = 10.0) -> EmbeddedRedis:
-        """Wait until the server answers PING (TimeoutError after `timeout_s`, or at once if it exited)."""
+        """Wait until the server answers an authenticated PING (TimeoutError after `timeout_s`, or
+        at once if it exited)."""
         import redis
 
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5
+        )
 
         def up() -> bool:
             if self.process is not None and self.process.poll() is not None:
@@ -161,7 +188,7 @@ class EmbeddedRedis:
         server is killed (its shutdown, about 0.1 s, would save nothing); one with a data folder
         of its own shuts down cleanly."""
         if self.process is not None and self.process.poll() is None:
-            if self._tmp is not None:
+            if self._own_data:
                 self.process.kill()
             else:
                 self.process.terminate()
@@ -171,8 +198,13 @@ class EmbeddedRedis:
                 self.process.kill()
                 self.process.wait()
         self.process = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        self._tmp.cleanup()
+
+
+def redis_config_quote(value: str) -> str:
+    """`value` as one double-quoted argument of a Redis config line (a path may hold spaces)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
 
 
 def worker_command(

@@ -5,7 +5,7 @@ The ledger is on disk in the output folder: `plan.json` (the shards, fixed for t
 complete or absent). A shard is done when its file exists, whatever happened to Redis or to its
 task. Its task announces it once, on the run's channel, with its counts; the driver listens, and
 every round it also looks for the files of the shards in flight, so a lost announcement costs at
-most `READ_EVERY_S`. A shard whose file has not appeared within its deadline (a few times the
+most `tuning.SHARD_LOOK_S`. A shard whose file has not appeared within its deadline (a few times the
 median shard time, at least a minute) is submitted again; a duplicate run of a shard rewrites
 identical data under the same name, and the merge reads each shard file once, so no utterance is
 ever counted twice.
@@ -32,17 +32,12 @@ from kombu.exceptions import OperationalError
 from pipeline.records import ShardResult, ShardSpec
 from pipeline.settings import Settings
 from pipeline.writers import shard_counts, shard_path
-from workers import keys
+from workers import keys, tuning
 from workers.corpus.cluster import Cluster
 from workers.corpus.plan import Plan, RunError
 from workers.corpus.progress import ProgressView
 from workers.queue.app import SHARD_TASK
 from workers.queue.wakeups import ResultWakeups
-
-READ_EVERY_S = 1.0  # the in-flight shards' files are looked for at least this often
-MAX_DEADLINE_DOUBLINGS = 8  # a shard submitted again and again waits at most 8x the deadline
-RECENT_SHARDS = 200  # the deadline follows the median time of the most recent shards
-WINDOW_REFRESH_S = 2.0  # how often the number of ready workers is read again
 
 
 @dataclass
@@ -62,7 +57,7 @@ class Ledger:
     specs: list[ShardSpec]
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
     inflight: dict[str, InFlight] = field(default_factory=dict)
-    durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_SHARDS))
+    durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=tuning.RECENT_SHARDS))
     resubmitted: int = 0
 
     def waiting(self) -> list[ShardSpec]:
@@ -108,7 +103,7 @@ class CorpusDriver:
         self.announcements = ResultWakeups(self.redis)
         self._redis_down_since: float | None = None
         self._window_size = 4
-        self._window_read_at = -WINDOW_REFRESH_S
+        self._window_read_at = -tuning.WINDOW_REFRESH_S
 
     def run(self) -> None:
         """Until every shard file exists: keep a window of shards in flight, resubmit late ones."""
@@ -128,7 +123,9 @@ class CorpusDriver:
                     self._broker_trouble(exc)
                 self.view.update()
                 if not self._all_done():  # the last shard seen: on to the merge at once
-                    announced = [_shard_result(data) for _, data in self.announcements.wait(READ_EVERY_S)]
+                    announced = [
+                        _shard_result(data) for _, data in self.announcements.wait(tuning.SHARD_LOOK_S)
+                    ]
         finally:
             self.announcements.close()
             self.redis.close()
@@ -154,7 +151,7 @@ class CorpusDriver:
     def _window(self) -> int:
         """How many shards to keep in flight: twice the ready worker processes, at least 4."""
         now = time.monotonic()
-        if now - self._window_read_at >= WINDOW_REFRESH_S:
+        if now - self._window_read_at >= tuning.WINDOW_REFRESH_S:
             self._window_read_at = now
             try:
                 self._window_size = max(4, 2 * self.cluster.ready_workers(self.redis))
@@ -197,7 +194,7 @@ class CorpusDriver:
         base = self.ledger.deadline_s(self.settings.shard_deadline_min_s, self.settings.shard_deadline_factor)
         now = time.monotonic()
         for item in list(self.ledger.inflight.values()):
-            deadline = base * min(2 ** (item.attempts - 1), MAX_DEADLINE_DOUBLINGS)
+            deadline = base * min(2 ** (item.attempts - 1), tuning.MAX_DEADLINE_DOUBLINGS)
             if now - item.submitted > deadline:
                 self.view.message(
                     f"shard {item.spec.name} not done after {now - item.submitted:.0f} s "

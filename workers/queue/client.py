@@ -29,13 +29,12 @@ from kombu.exceptions import OperationalError
 
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
+from workers import tuning
 from workers.queue.app import TASK_NAMES, create_app
 from workers.queue.wakeups import ResultWakeups
 
 log = logging.getLogger("voxmill.client")
 TIMEOUT_CODE = "timeout"
-POLL_BATCH = 500
-POLL_S = 0.25
 
 
 def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, TaskResult | None]:
@@ -126,14 +125,14 @@ class Client:
         return [self.submit(op, audio) for audio in inputs]
 
     def as_completed(
-        self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = POLL_S
+        self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = tuning.RESULT_POLL_S
     ) -> Iterator[TaskResult]:
         """Yield each result as it completes; jobs still pending at the deadline give a `timeout` error."""
         for _, result in self.completed(jobs, timeout_s, poll_s):
             yield result
 
     def completed(
-        self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = POLL_S
+        self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = tuning.RESULT_POLL_S
     ) -> Iterator[tuple[Job, TaskResult]]:
         """Like `as_completed`, with each result's job."""
         backend = self.app.backend
@@ -196,8 +195,8 @@ class Client:
         """One MGET per batch of pending jobs; ready results are decoded and deleted."""
         backend = self.app.backend
         ready: list[tuple[Job, TaskResult]] = []
-        for start in range(0, len(jobs), POLL_BATCH):
-            batch = jobs[start : start + POLL_BATCH]
+        for start in range(0, len(jobs), tuning.RESULT_READ_BATCH):
+            batch = jobs[start : start + tuning.RESULT_READ_BATCH]
             keys = [backend.get_key_for_task(job.id) for job in batch]
             done_keys = []
             for job, key, raw in zip(batch, keys, backend.mget(keys), strict=True):

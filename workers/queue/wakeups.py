@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-SUBSCRIBE_BATCH = 1000
+from workers import tuning
 
 
 class ResultWakeups:
@@ -38,8 +38,8 @@ class ResultWakeups:
         """Listen on `keys` (before reading them, so no announcement falls in between)."""
 
         def subscribe(pubsub: Any) -> None:
-            for start in range(0, len(keys), SUBSCRIBE_BATCH):
-                pubsub.subscribe(*keys[start : start + SUBSCRIBE_BATCH])
+            for start in range(0, len(keys), tuning.SUBSCRIBE_BATCH):
+                pubsub.subscribe(*keys[start : start + tuning.SUBSCRIBE_BATCH])
 
         self._listen(subscribe)
 

@@ -36,7 +36,7 @@ from pipeline.errors import VoxmillError
 from pipeline.identity import FileIdentity
 from pipeline.registry import Registry
 from pipeline.settings import Settings
-from workers import keys
+from workers import keys, tuning
 from workers.observe.metrics import NoMetrics
 from workers.reload import generations
 from workers.reload.holder import ModelHolder
@@ -56,9 +56,6 @@ from workers.reload.policy import (
 )
 
 log = logging.getLogger("voxmill.reload")
-HEARTBEAT_MIN_GAP_S = 0.25  # finished tasks shown this soon; more tasks in between share one write
-SLOT_RETRY_S = 0.1  # a round that waits for a slot or a verdict comes again this soon
-PEERS_TTL_S = 10.0  # the machine's live processes are counted again after this long
 
 
 class ReloadCoordinator:
@@ -186,7 +183,7 @@ class ReloadCoordinator:
                 break
             self.holder.task_ended.clear()
             self.heartbeat()
-            self._stop.wait(HEARTBEAT_MIN_GAP_S)
+            self._stop.wait(tuning.HEARTBEAT_MIN_GAP_S)
 
     # -- reload rounds ------------------------------------------------------------------------
     def _reload_loop(self) -> None:
@@ -200,7 +197,7 @@ class ReloadCoordinator:
                     listener.subscribe(keys.GENERATION_CHANNEL)
                 waiting = self.round()
                 self._wait_for_news(
-                    listener, SLOT_RETRY_S if waiting else self.settings.worker_reload_check_s
+                    listener, tuning.SLOT_RETRY_S if waiting else self.settings.worker_reload_check_s
                 )
                 backoff_s = 1.0
             except redis.RedisError as exc:
@@ -355,7 +352,7 @@ class ReloadCoordinator:
     def _peer_counts(self) -> dict[str, int]:
         """This machine's live processes (this one included) serving each role, counted every 10 s."""
         counted_at, counts = self._peers
-        if self.redis is None or time.monotonic() - counted_at <= PEERS_TTL_S:
+        if self.redis is None or time.monotonic() - counted_at <= tuning.PEERS_TTL_S:
             return counts
         counts = {role: 0 for role in self.holder.roles}
         for key in self.redis.scan_iter(match=keys.WORKER.format(worker_id=f"{self.host}:*"), count=500):

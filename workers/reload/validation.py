@@ -24,8 +24,7 @@ from typing import Any
 from pipeline.errors import VoxmillError
 from pipeline.registry import Registry
 from pipeline.settings import Settings
-
-EXIT_GRACE_S = 10.0
+from workers import tuning
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ class Validator:
             pass  # the child died before sending a verdict
         finally:
             receiver.close()
-            child.join(EXIT_GRACE_S)
+            child.join(tuning.VALIDATOR_EXIT_GRACE_S)
             if child.is_alive():
                 child.kill()
                 child.join()

@@ -80,12 +80,11 @@ from pipeline.identity import FileIdentity
 from pipeline.registry import Registry
 from pipeline.sessions import SessionOptions, hash_model_file
 from pipeline.settings import Settings
+from workers import tuning
 from workers.reload import generations
-from workers.reload.validation import EXIT_GRACE_S, Validation, Validator
+from workers.reload.validation import Validation, Validator
 
 log = logging.getLogger("voxmill.watcher")
-TICK_S = 0.1
-RESCAN_S = 2.0
 
 # What an event says about the file it names.
 LANDED = "landed"  # created, moved in, attributes changed: check it once it is quiet
@@ -282,7 +281,7 @@ class Watcher:
             now = time.monotonic()
             self._retarget(observer, now)
             self._startup = set(self.roles)
-            self._next_rescan = now + RESCAN_S
+            self._next_rescan = now + tuning.WATCH_RESCAN_S
             log.info(
                 "watching %s (%s) for %s; a file settles after %.2f s without change",
                 self.model_dir,
@@ -291,7 +290,7 @@ class Watcher:
                 self.settings.watch_quiet_s,
             )
             while not stop.is_set():
-                self._drain(TICK_S)
+                self._drain(tuning.WATCH_TICK_S)
                 self.tick(observer, time.monotonic())
         finally:
             observer.stop()
@@ -354,7 +353,7 @@ class Watcher:
             self.debouncer.touch(role, now)
 
     def _rescan(self, now: float) -> None:
-        self._next_rescan = now + RESCAN_S
+        self._next_rescan = now + tuning.WATCH_RESCAN_S
         pending = set(self.debouncer.pending)
         for role in self.roles:
             if role not in pending and self._stamp(role) != self._known.get(role):
@@ -448,7 +447,7 @@ class Watcher:
         except OSError:
             size = 0
         fields = {"sha256": sha256, "file": path.name, "size": size}
-        ttl_s = self.settings.watch_validate_timeout_s + EXIT_GRACE_S
+        ttl_s = self.settings.watch_validate_timeout_s + tuning.VALIDATOR_EXIT_GRACE_S
         try:
             generations.announce_candidate(self.client, self.host, role, fields, ttl_s)
         except redis.RedisError as exc:  # the validation goes on; only the workers' head start is lost
