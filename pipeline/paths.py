@@ -36,5 +36,9 @@ def resolve_allowed_path(path: str | Path, roots: Sequence[Path], base: Path | N
     real_roots = [Path(os.path.realpath(root)) for root in roots]
     if not any(is_within(real, root) for root in real_roots):
         allowed = ", ".join(str(root) for root in real_roots) or "none configured"
-        raise VoxmillError(FORBIDDEN_PATH, f"path {text} is outside the allowed roots ({allowed})")
+        raise VoxmillError(
+            FORBIDDEN_PATH,
+            f"path {text} is outside the allowed roots ({allowed}); add its folder to the workers' "
+            "VOXMILL_ALLOWED_ROOTS, or send the file's bytes instead (`voxmill submit --bytes`)",
+        )
     return real

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -245,8 +246,13 @@ def check_signature(spec: RoleSpec, file_name: str, inputs: Sequence[Any], outpu
             if problem:
                 raise VoxmillError(
                     errors.MODEL_ERROR,
-                    f"{file_name} {kind} {index} ({arg.name!r}) {problem}; not a {spec.role} model",
+                    f"{file_name} {kind} {index} ({arg.name!r}) {problem}; "
+                    f"not {_article(spec.role)} {spec.role} model",
                 )
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def _tensor_mismatch(arg: Any, want: TensorSpec) -> str | None:
@@ -256,7 +262,7 @@ def _tensor_mismatch(arg: Any, want: TensorSpec) -> str | None:
     if want.dtype is not None and arg.type != ORT_DTYPES[want.dtype]:
         return f"has type {arg.type}, expected {ORT_DTYPES[want.dtype]}"
     if want.dtype_kind is not None and arg.type not in DTYPE_KINDS[want.dtype_kind]:
-        return f"has type {arg.type}, expected an {want.dtype_kind} tensor"
+        return f"has type {arg.type}, expected {_article(want.dtype_kind)} {want.dtype_kind} tensor"
     if want.dims is not None:
         for axis, (got, expected) in enumerate(zip(shape, want.dims, strict=False)):
             if expected is not None and isinstance(got, int) and got != expected:
@@ -605,13 +611,19 @@ def _check_expected(path: Path, sha256: str, expected_sha256: str | None) -> Non
 
 
 def _load_failure_message(path: Path, reason: str) -> str:
+    """ONNX Runtime's reason, naming the user's file (not the descriptor it was read through)."""
     first_line = reason.strip().splitlines()[0] if reason.strip() else "unknown error"
+    first_line = re.sub(r"/proc/self/fd/\d+", str(path), first_line)
+    first_line = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", first_line)
     if "IR version" in reason or "opset" in reason.lower():
         return (
-            f"{path.name} needs a newer onnxruntime than this one ({first_line}); "
+            f"{path} needs a newer onnxruntime than this one ({first_line}); "
             "upgrade onnxruntime or re-export the model with an older opset"
         )
-    return f"{path.name} is not a loadable ONNX model: {first_line}"
+    if "Protobuf parsing failed" in reason:
+        what = "the file is truncated, corrupted or of another kind (ONNX Runtime: Protobuf parsing failed)"
+        return f"{path} is not a loadable ONNX model: {what}"
+    return f"{path} is not a loadable ONNX model: {first_line}"
 
 
 def _shape_profile(spec: RoleSpec, data: bytes) -> ShapeProfile:

@@ -124,7 +124,17 @@ def test_truncated_and_random_files_are_refused(tmp_path: Path, models: Path) ->
     noise = tmp_path / "noise" / "campplus.onnx"
     noise.parent.mkdir()
     noise.write_bytes(np.random.default_rng(0).bytes(4096))
-    refusal(noise, "embedder")
+    message = refusal(noise, "embedder").message
+    # The user's file is named, never the descriptor ONNX Runtime read it through.
+    assert message.startswith(f"{noise} is not a loadable ONNX model") and "/proc/self/fd" not in message
+    assert "truncated, corrupted" in message
+
+
+def test_a_wrong_signature_reads_as_a_sentence(tmp_path: Path, models: Path) -> None:
+    tokenizer_as_embedder = tmp_path / "campplus.onnx"
+    tokenizer_as_embedder.write_bytes((models / "speech_tokenizer_v2.onnx").read_bytes())
+    message = refusal(tokenizer_as_embedder, "embedder").message
+    assert "not an embedder model" in message and " a embedder" not in message and " an float" not in message
 
 
 def test_missing_and_empty_files_are_refused(tmp_path: Path) -> None:

@@ -111,6 +111,7 @@ class CorpusDriver:
         by_name = {spec.name: spec for spec in self.ledger.specs}
         for name, value in self.ledger.done.items():
             self._count(by_name[name], value)
+        self.view.counts.resumed()
         announced: list[ShardResult] = []
         try:
             while not self._all_done():
@@ -211,7 +212,7 @@ class CorpusDriver:
         counts = self.view.counts
         counts.units_done += len(spec.utts)
         counts.audio_done_s += spec.audio_s
-        counts.failed += int(value.get("failed", 0))
+        counts.failed[spec.op] = counts.failed.get(spec.op, 0) + int(value.get("failed", 0))
 
 
 def _shard_result(data: Any) -> ShardResult:

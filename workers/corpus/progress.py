@@ -12,29 +12,52 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 from rich.table import Table
 
 
+def audio_amount(seconds: float) -> str:
+    """Seconds of audio as people say them: 42 s, 12.5 min, 3.25 h."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
 @dataclass
 class Counts:
-    """What a run has done so far, in work units (utterance x op) and audio seconds."""
+    """What a run has done so far: work units (utterance x op), audio seconds, failures per op.
+
+    Shards already done when the run started (a resume) count as done, not towards its speed.
+    """
 
     units_total: int
     audio_total_s: float
     n_ops: int
     units_done: int = 0
     audio_done_s: float = 0.0
-    failed: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    resumed_audio_s: float = 0.0
+
+    def resumed(self) -> None:
+        """What is counted so far was done by an earlier run."""
+        self.resumed_audio_s = self.audio_done_s
+        self.started = time.monotonic()
 
     def rtf(self) -> float:
-        """Audio seconds processed per wall second (real-time factor)."""
+        """Audio seconds processed in this run per wall second (real-time factor)."""
         elapsed = time.monotonic() - self.started
-        return (self.audio_done_s / max(self.n_ops, 1)) / elapsed if elapsed > 0 else 0.0
+        done_now = (self.audio_done_s - self.resumed_audio_s) / max(self.n_ops, 1)
+        return done_now / elapsed if elapsed > 0 else 0.0
 
     def line(self) -> str:
-        utts_done = self.units_done // max(self.n_ops, 1)
-        utts_total = self.units_total // max(self.n_ops, 1)
-        hours = f"{self.audio_done_s / max(self.n_ops, 1) / 3600:.2f}/{self.audio_total_s / 3600:.2f} h"
-        speed = f"{self.rtf():.1f}x real time"
-        return f"{utts_done}/{utts_total} utterances, {hours} audio, {speed}, {self.failed} failed"
+        n_ops = max(self.n_ops, 1)
+        utts = f"{self.units_done // n_ops}/{self.units_total // n_ops} utterances"
+        audio = f"{audio_amount(self.audio_done_s / n_ops)} of {audio_amount(self.audio_total_s)} audio"
+        parts = [utts, audio]
+        if self.audio_done_s > self.resumed_audio_s:
+            parts.append(f"{self.rtf():.1f}x real time")
+        failed = ", ".join(f"{n} {op}" for op, n in self.failed.items() if n)
+        parts.append(f"failed: {failed}" if failed else "none failed")
+        return ", ".join(parts)
 
 
 class ProgressView:
@@ -98,8 +121,6 @@ def summary_table(report: dict[str, Any], out_dir: str) -> Table:
 
 
 def summary_line(report: dict[str, Any]) -> str:
-    """Utterances, hours of audio and wall time of a finished run."""
-    return (
-        f"{report.get('utterances', 0)} utterances, {report.get('audio_seconds', 0.0) / 3600:.3f} h of audio "
-        f"in {report.get('wall_seconds', 0.0):.1f} s"
-    )
+    """Utterances, audio and wall time of a finished run."""
+    audio = audio_amount(report.get("audio_seconds", 0.0))
+    return f"{report.get('utterances', 0)} utterances, {audio} of audio in {report.get('wall_seconds', 0.0):.1f} s"
