@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -113,3 +114,29 @@ def test_broker_password_never_appears_in_status(redis_url: str) -> None:
     secret_url = redis_url.replace("redis://", "redis://:hunter2secret@")
     done = voxmill("status", "--json", env={"VOXMILL_BROKER_URL": secret_url})
     assert "hunter2secret" not in done.stdout + done.stderr
+
+
+def test_status_json_numbers_are_numbers_and_times_epoch_seconds(redis_client: redis.Redis) -> None:
+    """The schema `voxmill status --json` promises scripts: numbers as numbers, one time format."""
+    from workers.observe.status import collect_status
+    from workers.reload import generations
+
+    generations.publish(redis_client, "embedder", "a" * 64, {"file": "campplus.onnx", "size": 185393})
+    generations.record_rejection(
+        redis_client, "embedder", {"file": "campplus.onnx", "size": 12, "reason": "x"}
+    )
+    generations.announce_candidate(redis_client, "host", "embedder", {"sha256": "", "size": 99}, 60)
+    status = json.loads(json.dumps(collect_status(redis_client)))
+    embedder = status["models"]["embedder"]
+    published, rejection, candidate = (
+        embedder["published"],
+        embedder["last_rejection"],
+        embedder["validating"][0],
+    )
+    assert isinstance(published["generation"], int) and published["size"] == 185393
+    assert isinstance(rejection["count"], int) and rejection["size"] == 12
+    assert candidate["size"] == 99
+    for record in (published, rejection, candidate, status):
+        stamp = record.get("time", record.get("since"))
+        assert isinstance(stamp, float) and abs(stamp - time.time()) < 60
+    assert isinstance(status["version"], int) and all(isinstance(n, int) for n in status["queues"].values())

@@ -14,6 +14,23 @@ from workers.keys import QUEUES
 from workers.reload import generations
 
 STATUS_VERSION = 1
+# Fields of the generation, rejection and candidate records that are numbers (Redis stores text).
+INTEGER_FIELDS = ("generation", "size", "count")
+TIME_FIELDS = ("time", "since", "validate_s")
+
+
+def typed(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A record as JSON with numbers as numbers: counts and sizes int, times epoch seconds (float)."""
+    if not record:
+        return None
+    out: dict[str, Any] = dict(record)
+    for name in INTEGER_FIELDS:
+        if out.get(name) not in (None, ""):
+            out[name] = int(out[name])
+    for name in TIME_FIELDS:
+        if out.get(name) not in (None, ""):
+            out[name] = float(out[name])
+    return out
 
 
 def worker_records(client: redis.Redis) -> list[dict[str, Any]]:
@@ -53,9 +70,9 @@ def model_status(client: redis.Redis, workers: list[dict[str, Any]]) -> dict[str
             if failure:
                 failures[worker["worker_id"]] = failure
         models[role] = {
-            "published": generations.published(client, role) or None,
-            "last_rejection": generations.last_rejection(client, role) or None,
-            "validating": generations.candidates(client, role),
+            "published": typed(generations.published(client, role)),
+            "last_rejection": typed(generations.last_rejection(client, role)),
+            "validating": [typed(c) for c in generations.candidates(client, role)],
             "serving": serving,
             "reload_failures": failures,
         }
