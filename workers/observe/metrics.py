@@ -91,10 +91,6 @@ class Metrics(NoMetrics):
         self._reloads = pc.Counter(
             "voxmill_model_reloads", "Hot reloads by role and outcome", ["role", "outcome"]
         )
-        self._rejections = pc.Counter("voxmill_model_rejections", "Candidates the watcher rejected", ["role"])
-        self._publications = pc.Counter(
-            "voxmill_model_publications", "Generations the watcher published", ["role"]
-        )
         self._rss = pc.Gauge(
             "voxmill_worker_rss_bytes", "Resident memory per process", multiprocess_mode="liveall"
         )
@@ -123,12 +119,6 @@ class Metrics(NoMetrics):
     def reload(self, role: str, outcome: str) -> None:
         self._reloads.labels(role, outcome).inc()
 
-    def rejection(self, role: str) -> None:
-        self._rejections.labels(role).inc()
-
-    def publication(self, role: str) -> None:
-        self._publications.labels(role).inc()
-
     def sample_process(self) -> None:
         import psutil
 
@@ -136,6 +126,24 @@ class Metrics(NoMetrics):
         used = gpu_memory_used_bytes()
         if used is not None:
             self._gpu.set(used)
+
+
+class WatcherMetrics(NoMetrics):
+    """The watcher's series: what it published and rejected (it serves no task, holds no model)."""
+
+    def __init__(self) -> None:
+        import prometheus_client as pc
+
+        self._rejections = pc.Counter("voxmill_model_rejections", "Candidates the watcher rejected", ["role"])
+        self._publications = pc.Counter(
+            "voxmill_model_publications", "Generations the watcher published", ["role"]
+        )
+
+    def rejection(self, role: str) -> None:
+        self._rejections.labels(role).inc()
+
+    def publication(self, role: str) -> None:
+        self._publications.labels(role).inc()
 
 
 def gpu_memory_used_bytes() -> int | None:

@@ -526,7 +526,7 @@ def serve(settings: Settings) -> None:
     if settings.watcher_metrics_port:
         from workers.observe import metrics
 
-        hooks = MetricsHooks(metrics.Metrics())
+        hooks = MetricsHooks(metrics.WatcherMetrics())
         metrics.serve(settings.watcher_metrics_port)
     try:
         Watcher(settings, client, hooks=hooks).run(stop)
