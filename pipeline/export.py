@@ -53,6 +53,14 @@ COSYVOICE_SCHEMA = pa.schema(
     ]
 )
 _SKIPPED_SHOWN = 10
+_IDS_SHOWN = 3
+
+
+class NothingToExport(VoxmillError):
+    """Most of the data dir's utterances have no features in the `extract` folder: their ids differ."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(BAD_REQUEST, message)
 
 
 @dataclass
@@ -91,6 +99,7 @@ def export_cosyvoice(
         raise VoxmillError(BAD_REQUEST, f"{data_dir} is not a Kaldi data dir (no {KALDI_WAV_SCP})")
     utts = read_corpus(Path(data_dir))
     features = _load_features(Path(features_dir))
+    _check_ids_match(utts, features, Path(data_dir), Path(features_dir))
     out = Path(out).absolute()
     skipped: list[str] = []
     parquets: list[Path] = []
@@ -109,6 +118,26 @@ def export_cosyvoice(
         "exported %d utterances into %d parquet files in %s", len(utts) - len(skipped), len(parquets), out
     )
     return parquets
+
+
+def _check_ids_match(utts: list[Utterance], features: _Features, data_dir: Path, features_dir: Path) -> None:
+    """`NothingToExport` when fewer than half of the utterances have features, with how the ids differ."""
+    matched = sum(1 for u in utts if u.utt in features.token_row or u.utt in features.utt_row)
+    if matched * 2 >= len(utts):
+        return
+    theirs = list(dict.fromkeys([*features.token_row, *features.utt_row]))[:_IDS_SHOWN]
+    ours = [u.utt for u in utts[:_IDS_SHOWN]]
+    hint = ""
+    if any("/" in utt for utt in theirs) and not any("/" in utt for utt in ours):
+        hint = (
+            "; the features come from a run on a folder of audio, whose utterance ids are paths relative "
+            "to the folder without extension: run `voxmill extract` on the Kaldi data dir itself"
+        )
+    raise NothingToExport(
+        f"only {matched} of the {len(utts)} utterances of {data_dir} have features in {features_dir}: "
+        f"the data dir's ids look like {', '.join(map(repr, ours))}, the features' like "
+        f"{', '.join(map(repr, theirs)) or '(none)'}{hint}"
+    )
 
 
 def _load_features(folder: Path) -> _Features:

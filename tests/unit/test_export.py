@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 
 from pipeline.errors import BAD_REQUEST, VoxmillError
-from pipeline.export import export_cosyvoice
+from pipeline.export import NothingToExport, export_cosyvoice
 from pipeline.merge import merge_outputs
 from pipeline.records import ShardSpec, TaskResult, Utterance
 from pipeline.writers import write_shard
@@ -149,3 +149,23 @@ def test_export_needs_a_kaldi_dir_and_a_positive_chunk(corpus: tuple[Path, Path]
         export_cosyvoice(tmp_path / "audio files", features, tmp_path / "out")
     with pytest.raises(VoxmillError):
         export_cosyvoice(data, features, tmp_path / "out", utts_per_parquet=0)
+
+
+def test_export_refuses_features_whose_ids_do_not_match_and_says_how(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    data, features = corpus
+    renamed = tmp_path / "renamed"  # what a folder-mode run calls the same clips: spk/utt
+    renamed.mkdir()
+    for name in ("speech_tokens.parquet", "utt_embeddings.parquet", "spk_embeddings.parquet"):
+        table = pq.read_table(features / name)
+        if "utt" in table.column_names:
+            utts = [f"{SPEAKERS[u]}/{u}" for u in table.column("utt").to_pylist()]
+            table = table.set_column(table.column_names.index("utt"), "utt", pa.array(utts, pa.string()))
+        pq.write_table(table, renamed / name)
+    with pytest.raises(NothingToExport) as caught:
+        export_cosyvoice(data, renamed, tmp_path / "out")
+    message = caught.value.message
+    assert "only 0 of the 6 utterances" in message and "'u1'" in message and "'alice/u1'" in message
+    assert "folder of audio" in message
+    assert not (tmp_path / "out").exists()  # nothing written
