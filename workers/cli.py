@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -104,7 +105,11 @@ def up(
         cluster.start()
         out.print(f"voxmill is up: {count} worker process(es), models from {settings.model_dir}")
         out.print("In another shell:")
-        out.print(f"  export VOXMILL_BROKER_URL={cluster.broker_url}")
+        if cluster.redis is not None:
+            # The one place the embedded Redis's password is shown: its user needs it to connect.
+            print(f"  export VOXMILL_BROKER_URL={shlex.quote(cluster.broker_url)}", flush=True)
+        else:  # the user's own broker: they have its URL already, and it is not ours to print
+            out.print(f"  (VOXMILL_BROKER_URL as set: {settings.redacted_broker_url()})")
         out.print("  voxmill submit tokenize some.wav")
         out.print("Ctrl-C stops everything.")
         sys.stdout.flush()
@@ -112,7 +117,9 @@ def up(
     except KeyboardInterrupt:
         out.print("stopping…")
     except (RuntimeError, TimeoutError) as exc:  # a part exited, or the workers never got ready
-        err.print(f"[red]error:[/red] {exc}")
+        from workers.observe.logs import redact
+
+        err.print(f"[red]error:[/red] {redact(str(exc))}")
         raise typer.Exit(1) from None
     finally:
         cluster.stop()
