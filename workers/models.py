@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from pipeline.engines import EngineBuild, installed_engine_status
 from pipeline.errors import VoxmillError
@@ -57,34 +57,29 @@ def describe_file(
 
 
 def render_models(rows: list[dict[str, Any]], console: Console) -> None:
-    """A table of `describe_folder` rows."""
-    table = Table()
-    columns = ["role", "file", "variant", "by", "sha256", "size", "load s", "warm ms", "status"]
-    with_engine = any("engine" in row for row in rows)
-    for column in [*columns, "TensorRT engine"] if with_engine else columns:
-        table.add_column(column)
+    """One short block per role (it reads on an 80-column terminal; `--json` has every field)."""
     for row in rows:
-        status = (
-            "[green]ok[/green]"
-            if row.get("ok")
-            else f"[red]{row.get('error', {}).get('message', 'failed')}[/red]"
-        )
+        error = row.get("error")
+        if row.get("file") is None:
+            console.print(
+                f"{row['role']:9s}  [red]missing[/red]: {escape(error['message'] if error else '')}"
+            )
+            continue
         size = f"{row['size'] / 1e6:.1f} MB" if row.get("size") is not None else ""
-        cells = [
-            row["role"],
-            row.get("file") or "-",
-            row.get("variant", ""),
-            row.get("recognised_by", ""),
-            (row.get("sha256") or "")[:12],
-            size,
-            f"{row['load_s']:.2f}" if row.get("load_s") is not None else "",
-            f"{row['warm_latency_ms']:.1f}" if row.get("warm_latency_ms") is not None else "",
-            status,
-        ]
-        if with_engine:
-            cells.append(row.get("engine", {}).get("detail", ""))
-        table.add_row(*cells)
-    console.print(table)
+        status = "[green]ok[/green]" if row.get("ok") else "[red]failed[/red]"
+        console.print(f"{row['role']:9s}  {escape(row['file'])}  {size}  {status}")
+        if row.get("sha256"):
+            by = row.get("recognised_by", "")
+            console.print(
+                f"           variant {row.get('variant', '')} (by {by}), sha256 {row['sha256'][:12]}"
+            )
+        if row.get("load_s") is not None:
+            warm = row.get("warm_latency_ms")
+            timing = f"loaded in {row['load_s']:.2f} s, warm run {warm:.1f} ms" if warm is not None else ""
+            engine = row.get("engine", {}).get("detail", "")
+            console.print(f"           {timing}" + (f"; TensorRT engine: {escape(engine)}" if engine else ""))
+        if error:
+            console.print(f"           [red]{escape(error['message'])}[/red]")
 
 
 def render_builds(builds: list[EngineBuild], console: Console) -> None:
