@@ -111,7 +111,8 @@ def test_json_log_line_per_task_with_id_and_sha256(
 
 
 def test_broker_password_never_appears_in_status(redis_url: str) -> None:
-    secret_url = redis_url.replace("redis://", "redis://:hunter2secret@")
+    host_and_db = redis_url.rsplit("@", 1)[-1].removeprefix("redis://")  # the embedded Redis has its own
+    secret_url = f"redis://:hunter2secret@{host_and_db}"
     done = voxmill("status", "--json", env={"VOXMILL_BROKER_URL": secret_url})
     assert "hunter2secret" not in done.stdout + done.stderr
 
