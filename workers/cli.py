@@ -8,8 +8,9 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -17,9 +18,9 @@ from rich.console import Console
 from pipeline.settings import Settings
 
 app = typer.Typer(
-    help="voxmill: speech tokens and speaker embeddings for CosyVoice-style TTS, over Celery and Redis.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode="markdown",
 )
 models_app = typer.Typer(help="Inspect, verify and create model files.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
@@ -27,12 +28,14 @@ err = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
 
 
-def load_settings() -> Settings:
+def load_settings(models: Path | None = None) -> Settings:
+    """The settings, with `--models` (when given) as the model folder."""
     try:
-        return Settings.load()
+        settings = Settings.load()
     except Exception as exc:  # pydantic's validation errors are readable as they are
         err.print(f"[red]invalid settings:[/red] {exc}")
         raise typer.Exit(2) from None
+    return settings if models is None else settings.model_copy(update={"model_dir": models})
 
 
 def require_broker(settings: Settings) -> str:
@@ -44,40 +47,93 @@ def require_broker(settings: Settings) -> str:
     return settings.broker_url
 
 
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One line on stderr, then exit (2: the command could not run)."""
+    from rich.markup import escape
+
+    err.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(code)
+
+
+def require_models(settings: Settings, queues: Sequence[str], folder_only: bool = False) -> None:
+    """Exit 2 with the fix when the model folder is missing (or, unless `folder_only`, lacks a model
+    the queues need), before anything starts."""
+    from pipeline.errors import VoxmillError
+    from pipeline.records import ROLES_BY_OP
+    from pipeline.registry import Registry
+
+    hint = "; pass --models DIR (after `make demo`: --models demo/models) or set VOXMILL_MODEL_DIR"
+    if not Path(settings.model_dir).is_dir():
+        fail(f"model folder {settings.model_dir} does not exist{hint}")
+    if folder_only:
+        return
+    registry = Registry.load()
+    for role in dict.fromkeys(r for queue in queues for r in ROLES_BY_OP.get(queue, ())):
+        try:
+            registry.find_model(role, settings.model_dir)
+        except VoxmillError as exc:
+            fail(exc.message)
+
+
+def split_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+MODELS_HELP = "Model folder (default: the model_dir setting, VOXMILL_MODEL_DIR)."
+QUEUES_HELP = "Queues to consume, comma-separated: tokenize, embed, extract."
+WORKERS_HELP = "Worker processes; default: one per core."
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"voxmill {version('voxmill')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    show_version: bool = typer.Option(
+        False, "--version", callback=version_callback, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """voxmill: speech tokens and speaker embeddings for CosyVoice-style TTS, over Celery and Redis."""
+
+
 # --------------------------------------------------------------------------------- serving
 @app.command()
 def worker(
-    queues: str = typer.Option(
-        "tokenize,embed,extract", "-Q", "--queues", help="Queues to consume, comma-separated."
-    ),
-    concurrency: int = typer.Option(0, "-c", "--concurrency", help="Pool processes (default: one per core)."),
+    queues: str = typer.Option("tokenize,embed,extract", "-Q", "--queues", help=QUEUES_HELP),
+    concurrency: int = typer.Option(0, "-c", "--concurrency", help=WORKERS_HELP, show_default=False),
     pool: str = typer.Option(
-        "prefork", "--pool", help="prefork | solo | threads (solo or threads on a GPU)."
+        "prefork", "--pool", help="prefork, solo or threads (solo or threads on a GPU)."
     ),
-    loglevel: str = typer.Option("", "-l", "--loglevel", help="Log level (default: settings' log_level)."),
-    hostname: str = typer.Option("", "-n", "--hostname", help="Celery node name."),
-    log_format: str = typer.Option("", "--log-format", help="text | json (default: settings' log_format)."),
+    models: Path | None = typer.Option(None, "--models", help=MODELS_HELP),
+    loglevel: str = typer.Option("", "-l", "--loglevel", help="Log level; default: the log_level setting."),
+    hostname: str = typer.Option("", "-n", "--hostname", help="Celery node name; default: celery@HOST."),
+    log_format: str = typer.Option("", "--log-format", help="text or json; default: the log_format setting."),
 ) -> None:
-    """Run a Celery worker that holds warm model sessions.
+    """Run a Celery worker whose processes hold warm model sessions.
 
     The same as `celery -A workers.app worker --without-mingle --without-gossip`: voxmill never
     revokes tasks, so a worker does not spend a second at start asking its neighbours for their
-    revoked ids (mingle), nor follow every other worker's heartbeats (gossip).
+    revoked ids (mingle), nor follow every other worker's heartbeats (gossip). A model file
+    missing from the folder is loaded as soon as it lands; a missing folder is an error.
     """
     from workers.worker import build_worker_app, check_pool_for_provider, start_worker
 
-    settings = load_settings()
+    settings = load_settings(models)
     if log_format:
         settings = settings.model_copy(update={"log_format": log_format})
     require_broker(settings)
     problem = check_pool_for_provider(settings, pool)
     if problem:
-        err.print(f"[red]error:[/red] {problem}")
-        raise typer.Exit(2)
-    queue_list = [q.strip() for q in queues.split(",") if q.strip()]
+        fail(problem)
+    require_models(settings, split_list(queues), folder_only=True)
     code = start_worker(
         build_worker_app(settings),
-        queue_list,
+        split_list(queues),
         concurrency or os.cpu_count() or 1,
         pool,
         loglevel or settings.log_level,
@@ -88,58 +144,63 @@ def worker(
 
 @app.command()
 def up(
-    workers: int = typer.Option(0, "--workers", "-w", help="Worker processes (default: one per core)."),
-    queues: str = typer.Option(
-        "tokenize,embed,extract", "-Q", "--queues", help="Queues the local workers serve."
-    ),
+    workers: int = typer.Option(0, "--workers", "-w", help=WORKERS_HELP, show_default=False),
+    queues: str = typer.Option("tokenize,embed,extract", "-Q", "--queues", help=QUEUES_HELP),
+    models: Path | None = typer.Option(None, "--models", help=MODELS_HELP),
     no_watch: bool = typer.Option(False, "--no-watch", help="Do not start the model watcher."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the workers' and watcher's logs here."),
+    log: Path = typer.Option(
+        Path(".voxmill/up.log"), "--log", help="Where the workers' and watcher's logs go (without --verbose)."
+    ),
 ) -> None:
-    """Embedded Redis + N workers + the model watcher, in the foreground. Ctrl-C stops everything."""
-    from workers.embedded import LocalCluster
+    """Run an embedded Redis, N worker processes and the model watcher in the foreground.
 
-    settings = load_settings()
+    It prints the `export VOXMILL_BROKER_URL=...` line to run in another shell; Ctrl-C stops
+    everything.
+    """
+    from workers.embedded import LocalCluster
+    from workers.observe.logs import redact
+
+    settings = load_settings(models)
+    require_models(settings, split_list(queues))
     count = workers or os.cpu_count() or 1
-    cluster = LocalCluster(settings, workers=count, queues=queues.split(","), watch=not no_watch)
+    log_path = None if verbose else log
+    cluster = LocalCluster(settings, count, split_list(queues), watch=not no_watch, log_path=log_path)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         cluster.start()
         out.print(f"voxmill is up: {count} worker process(es), models from {settings.model_dir}")
+        if log_path is not None:
+            out.print(f"worker and watcher logs: {log_path} (--verbose shows them here)")
         out.print("In another shell:")
         if cluster.redis is not None:
             # The one place the embedded Redis's password is shown: its user needs it to connect.
             print(f"  export VOXMILL_BROKER_URL={shlex.quote(cluster.broker_url)}", flush=True)
         else:  # the user's own broker: they have its URL already, and it is not ours to print
             out.print(f"  (VOXMILL_BROKER_URL as set: {settings.redacted_broker_url()})")
-        out.print("  voxmill submit tokenize some.wav")
+        out.print("  voxmill submit tokenize demo/corpus/audio/spk1/spk1_000.wav")
         out.print("Ctrl-C stops everything.")
         sys.stdout.flush()
         cluster.wait()
     except KeyboardInterrupt:
         out.print("stopping…")
     except (RuntimeError, TimeoutError) as exc:  # a part exited, or the workers never got ready
-        from workers.observe.logs import redact
-
-        err.print(f"[red]error:[/red] {redact(str(exc))}")
-        raise typer.Exit(1) from None
+        fail(redact(str(exc)), code=1)
     finally:
         cluster.stop()
 
 
 @app.command()
 def watch(
-    model_dir: Path | None = typer.Option(
-        None, "--model-dir", help="Model folder to watch (default: settings' model_dir)."
-    ),
-    log_format: str = typer.Option("", "--log-format", help="text | json (default: settings' log_format)."),
+    models: Path | None = typer.Option(None, "--models", "--model-dir", help=MODELS_HELP),
+    log_format: str = typer.Option("", "--log-format", help="text or json; default: the log_format setting."),
 ) -> None:
-    """Watch the model folder: validate each new model file, publish it; the workers swap to it."""
+    """Watch the model folder: validate each new model file and publish it; the workers swap to it."""
     from workers.observe.logs import setup_logging
     from workers.reload.watcher import serve
 
-    settings = load_settings()
+    settings = load_settings(models)
     require_broker(settings)
-    if model_dir is not None:
-        settings = settings.model_copy(update={"model_dir": model_dir})
     setup_logging(settings.log_level, log_format or settings.log_format)
     serve(settings)
 
@@ -147,41 +208,44 @@ def watch(
 # --------------------------------------------------------------------------------- producing
 @app.command()
 def submit(
-    op: str = typer.Argument(..., help="tokenize | embed | extract"),
-    audio: list[Path] = typer.Argument(..., help="Audio files (sent as paths the workers read)."),
+    op: str = typer.Argument(..., metavar="OP", help="tokenize, embed or extract."),
+    audio: list[Path] = typer.Argument(
+        ..., metavar="AUDIO...", help="Audio files (sent as paths the workers read)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per input, one per line."),
-    send_bytes: bool = typer.Option(False, "--bytes", help="Send the file contents instead of the path."),
+    send_bytes: bool = typer.Option(False, "--bytes", help="Send the files' bytes instead of their paths."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for all results."),
 ) -> None:
-    """Submit audio to the workers; exit 0 when every input succeeded, 1 otherwise."""
-    from workers.queue.client import Client
+    """Submit audio to the workers and print one result per input, in input order.
 
+    Exit 0 when every input succeeded, 1 when any failed (each failure is a result with an error
+    code), 2 when it could not run at all (no broker configured or reachable, a bad op).
+    """
     if op not in ("tokenize", "embed", "extract"):
-        err.print(f"[red]error:[/red] op must be tokenize, embed or extract, not {op!r}")
-        raise typer.Exit(2)
+        fail(f"op must be tokenize, embed or extract, not {op!r}")
     import redis
     from kombu.exceptions import OperationalError
 
-    from workers.queue.client import read_payload
+    from workers.queue.client import Client, read_payload
 
     settings = load_settings()
     require_broker(settings)
     client = Client(settings)
-    jobs, refused = [], []
+    jobs, refused = [], {}
     try:
-        for path in audio:
+        for index, path in enumerate(audio):
             if not send_bytes:
                 jobs.append(client.submit(op, path))
                 continue
             payload, problem = read_payload(path, op, settings.max_payload_bytes)
             if problem is not None:
-                refused.append(problem)
+                refused[index] = problem
             else:
                 jobs.append(client.submit(op, payload, name=str(path)))
-        results = [*refused, *client.as_completed(jobs, timeout_s=timeout)]
+        answered = iter(client.wait_all(jobs, timeout_s=timeout))
+        results = [refused[i] if i in refused else next(answered) for i in range(len(audio))]
     except (OperationalError, redis.RedisError) as exc:
-        err.print(f"[red]error:[/red] cannot reach the broker at {settings.redacted_broker_url()}: {exc}")
-        raise typer.Exit(2) from None
+        fail(f"cannot reach the broker at {settings.redacted_broker_url()}: {exc}")
     for result in results:
         if as_json:
             print(json.dumps(result.to_dict()), flush=True)
@@ -191,93 +255,101 @@ def submit(
 
 
 def print_result(result: object) -> None:
+    from rich.markup import escape
+
     from pipeline.records import TaskResult
 
     assert isinstance(result, TaskResult)
     if result.error:
-        out.print(f"[red]✗[/red] {result.input}: {result.error['code']}: {result.error['message']}")
+        out.print(
+            f"[red]✗[/red] {escape(result.input)}: {result.error['code']}: {escape(result.error['message'])}"
+        )
         return
     parts = [f"{result.audio_seconds:.2f} s"]
     if result.speech_token is not None:
         parts.append(f"{len(result.speech_token)} tokens")
     if result.embedding is not None:
         parts.append(f"embedding[{len(result.embedding)}]")
-    out.print(f"[green]✓[/green] {result.input}: {', '.join(parts)}")
+    out.print(f"[green]✓[/green] {escape(result.input)}: {', '.join(parts)}")
 
 
 # --------------------------------------------------------------------------------- corpora
 @app.command()
 def extract(
     source: Path = typer.Argument(
-        ..., metavar="INPUT", help="Kaldi data dir (wav.scp), JSONL manifest, or audio folder."
+        ..., metavar="INPUT", help="A Kaldi data dir (wav.scp), a JSONL manifest, or a folder of audio."
     ),
-    out: Path = typer.Option(..., "--out", help="Output folder; re-running on it resumes."),
+    out_dir: Path = typer.Option(
+        ..., "--out", help="Output folder; running the command again on it resumes."
+    ),
     ops: str = typer.Option("tokenize,embed", "--ops", help="Comma-separated: tokenize, embed."),
-    models: Path | None = typer.Option(None, "--models", help="Model folder for local workers."),
-    workers: int = typer.Option(0, "--workers", help="Local worker processes (default: one per core)."),
+    models: Path | None = typer.Option(None, "--models", help=MODELS_HELP + " Local workers only."),
+    workers: int = typer.Option(
+        0, "--workers", help="Local worker processes; default: one per core.", show_default=False
+    ),
     shard_size: int = typer.Option(
         0,
         "--shard-size",
-        help="Utterances per shard task (default: the settings' shard_size, fewer for a small corpus "
-        "so every worker gets several shards).",
+        help="Utterances per shard task; default: the shard_size setting, fewer for a small corpus so "
+        "that every worker gets several shards.",
+        show_default=False,
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
-    """Extract speech tokens and speaker embeddings for a whole corpus (sharded, resumable).
+    """Extract speech tokens and speaker embeddings for a whole corpus, in shards, resumably.
 
     Without VOXMILL_BROKER_URL it starts an embedded Redis and local workers; with it, it only
-    submits shards and waits for workers anywhere that can read the same paths.
+    submits shards and waits for workers anywhere that can read the same paths. Exit 0 when the
+    run completed (per-utterance failures are in errors.jsonl), 2 when it could not run.
     """
     from workers.corpus.plan import RunError
     from workers.corpus.run import extract_corpus
 
-    op_list = [op.strip() for op in ops.split(",") if op.strip()]
-    bad = [op for op in op_list if op not in ("tokenize", "embed")]
-    if bad or not op_list:
-        err.print(f"[red]error:[/red] --ops takes tokenize and/or embed, not {ops!r}")
-        raise typer.Exit(2)
-    settings = load_settings()
-    if models is not None:
-        if settings.broker_url:
-            err.print(
-                "[yellow]note:[/yellow] --models applies to local workers only; remote workers use their own"
-            )
-        settings = settings.model_copy(update={"model_dir": models})
+    op_list = split_list(ops)
+    if not op_list or [op for op in op_list if op not in ("tokenize", "embed")]:
+        fail(f"--ops takes tokenize and/or embed, not {ops!r}")
+    settings = load_settings(models)
+    if models is not None and settings.broker_url:
+        err.print(
+            "[yellow]note:[/yellow] --models applies to local workers only; remote workers use their own"
+        )
     try:
         report = extract_corpus(
-            settings,
-            source,
-            out,
-            op_list,
-            workers or os.cpu_count() or 1,
-            shard_size,
-            quiet,
+            settings, source, out_dir, op_list, workers or os.cpu_count() or 1, shard_size, quiet
         )
     except RunError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
     except KeyboardInterrupt:
-        err.print(f"interrupted; run the same command again to resume from {out}")
+        err.print(f"interrupted; run the same command again to resume from {out_dir}")
         raise typer.Exit(130) from None
-    print_outputs(out, report)
+    print_outputs(out_dir, report)
 
 
 @app.command("export-cosyvoice")
 def export_cosyvoice_command(
-    data_dir: Path = typer.Argument(..., help="Kaldi data dir (wav.scp, text, utt2spk)."),
-    features_dir: Path = typer.Argument(..., help="An `extract` output folder."),
+    data_dir: Path = typer.Argument(
+        ..., metavar="DATA_DIR", help="The Kaldi data dir (wav.scp, text, utt2spk)."
+    ),
+    features_dir: Path = typer.Argument(
+        ..., metavar="FEATURES_DIR", help="The `extract` output folder of it."
+    ),
     out_dir: Path = typer.Argument(..., metavar="OUT", help="Where to write CosyVoice's parquet lists."),
     utts_per_parquet: int = typer.Option(1000, "--utts-per-parquet", help="Utterances per parquet file."),
 ) -> None:
-    """Write CosyVoice training parquet files (as tools/make_parquet_list.py does) from extract outputs."""
+    """Write CosyVoice's training parquet files (as tools/make_parquet_list.py does) from extract outputs.
+
+    Exit 1 when the features do not match the data dir's utterances (the message says how their
+    ids differ), 2 when an input is missing or unreadable.
+    """
     from pipeline.errors import VoxmillError
-    from pipeline.export import export_cosyvoice
+    from pipeline.export import NothingToExport, export_cosyvoice
 
     try:
         written = export_cosyvoice(data_dir, features_dir, out_dir, utts_per_parquet)
+    except NothingToExport as exc:
+        fail(exc.message, code=1)
     except VoxmillError as exc:
-        err.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(2) from None
+        fail(exc.message)
     out.print(f"wrote {len(written)} parquet file(s); list: {out_dir / 'data.list'}")
 
 
@@ -286,7 +358,9 @@ def demo(
     folder: Path = typer.Option(
         Path("demo"), "--dir", help="Where to put the demo corpus, models and outputs."
     ),
-    workers: int = typer.Option(0, "--workers", help="Local worker processes (default: one per core)."),
+    workers: int = typer.Option(
+        0, "--workers", help="Local worker processes; default: one per core.", show_default=False
+    ),
 ) -> None:
     """Generate a small demo corpus and tiny stand-in models, then run `extract` on it (embedded Redis)."""
     from pipeline.demo import make_demo_corpus
@@ -303,16 +377,10 @@ def demo(
     settings = settings.model_copy(update={"model_dir": folder / "models", "broker_url": None})
     try:
         report = extract_corpus(
-            settings,
-            data_dir,
-            out_dir,
-            ["tokenize", "embed"],
-            workers or os.cpu_count() or 1,
-            shard_size=4,
+            settings, data_dir, out_dir, ["tokenize", "embed"], workers or os.cpu_count() or 1, 4
         )
     except RunError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
     print_outputs(out_dir, report)
     out.print("errors.jsonl names the broken clip; `make demo` again resumes (every shard is already done).")
 
@@ -336,8 +404,10 @@ def print_outputs(out_dir: Path, report: dict[str, Any]) -> None:
 
 # --------------------------------------------------------------------------------- status
 @app.command()
-def status(as_json: bool = typer.Option(False, "--json", help="Stable JSON for scripts.")) -> None:
-    """Queues, workers and their models, published generations, rejections, throughput."""
+def status(
+    as_json: bool = typer.Option(False, "--json", help="Stable JSON for scripts (with a version field)."),
+) -> None:
+    """Queues, worker processes and their models, published generations, rejections, throughput."""
     import redis
 
     from workers.observe.status import collect_status
@@ -349,8 +419,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Stable JSON for s
     try:
         report = collect_status(client)
     except redis.RedisError as exc:
-        err.print(f"[red]error:[/red] cannot reach the broker at {settings.redacted_broker_url()}: {exc}")
-        raise typer.Exit(2) from None
+        fail(f"cannot reach the broker at {settings.redacted_broker_url()}: {exc}")
     report["broker"] = settings.redacted_broker_url()
     if as_json:
         print(json.dumps(report, indent=2, sort_keys=True))
@@ -359,11 +428,22 @@ def status(as_json: bool = typer.Option(False, "--json", help="Stable JSON for s
 
 
 # --------------------------------------------------------------------------------- models
+def model_folder(positional: Path | None, option: Path | None) -> Settings:
+    """The settings with the folder given either way (`models list DIR` or `--models DIR`)."""
+    if positional is not None and option is not None and positional != option:
+        fail(f"two model folders given: {positional} and --models {option}")
+    return load_settings(option or positional)
+
+
+FOLDER_ARGUMENT_HELP = "Model folder (the same as --models)."
+JSON_HELP = "One JSON object per model file, for scripts."
+
+
 @models_app.command("make-standin")
 def models_make_standin(
     out_dir: Path = typer.Option(Path("models"), "--out", help="Folder to write the two ONNX files into."),
     profile: str = typer.Option(
-        "tiny", "--profile", help="tiny (tests, < 1 MB) | full (real dimensions, ~520 MB)."
+        "tiny", "--profile", help="tiny (for tests, < 1 MB) or full (real dimensions, ~520 MB)."
     ),
     seed: int = typer.Option(0, "--seed", help="Weights seed; the same seed writes byte-identical files."),
 ) -> None:
@@ -371,8 +451,7 @@ def models_make_standin(
     from pipeline.standin import PROFILES, make_standins
 
     if profile not in PROFILES:
-        err.print(f"[red]error:[/red] profile must be one of {', '.join(PROFILES)}")
-        raise typer.Exit(2)
+        fail(f"profile must be one of {', '.join(PROFILES)}")
     started = time.perf_counter()
     written = make_standins(out_dir, profile=profile, seed=seed)
     for role, path in written.items():
@@ -382,14 +461,15 @@ def models_make_standin(
 
 @models_app.command("list")
 def models_list(
-    model_dir: Path | None = typer.Argument(None, help="Model folder (default: settings' model_dir)."),
-    as_json: bool = typer.Option(False, "--json"),
+    folder: Path | None = typer.Argument(None, metavar="DIR", help=FOLDER_ARGUMENT_HELP),
+    models: Path | None = typer.Option(None, "--models", help=MODELS_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """What a model folder holds and which known variants were recognised (by sha256 or name)."""
+    """What a model folder holds, and which known variant each file is (by sha256, else by name)."""
     from workers.models import describe_folder, render_models
 
-    settings = load_settings()
-    rows = describe_folder(model_dir or settings.model_dir, load=False)
+    settings = model_folder(folder, models)
+    rows = describe_folder(settings.model_dir, load=False)
     if as_json:
         print(json.dumps(rows, indent=2))
     else:
@@ -398,14 +478,15 @@ def models_list(
 
 @models_app.command("verify")
 def models_verify(
-    model_dir: Path | None = typer.Argument(None, help="Model folder (default: settings' model_dir)."),
-    as_json: bool = typer.Option(False, "--json"),
+    folder: Path | None = typer.Argument(None, metavar="DIR", help=FOLDER_ARGUMENT_HELP),
+    models: Path | None = typer.Option(None, "--models", help=MODELS_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Load every model of a folder, check its signature and warm it up; exit 1 if any fails."""
     from workers.models import describe_folder, render_models
 
-    settings = load_settings()
-    rows = describe_folder(model_dir or settings.model_dir, load=True, settings=settings)
+    settings = model_folder(folder, models)
+    rows = describe_folder(settings.model_dir, load=True, settings=settings)
     if as_json:
         print(json.dumps(rows, indent=2))
     else:
@@ -415,34 +496,42 @@ def models_verify(
 
 @models_app.command("build-engine")
 def models_build_engine(
-    model_dir: Path = typer.Argument(..., help="Model folder whose models get TensorRT engines."),
+    folder: Path | None = typer.Argument(None, metavar="DIR", help=FOLDER_ARGUMENT_HELP),
+    models: Path | None = typer.Option(None, "--models", help=MODELS_HELP),
     fp16: bool | None = typer.Option(
-        None, "--fp16/--fp32", help="Engine precision (default: settings' trt_fp16, which workers use)."
+        None, "--fp16/--fp32", help="Engine precision; default: the trt_fp16 setting, which workers use."
     ),
 ) -> None:
-    """Build TensorRT engines ahead of time, into the cache workers on this kind of GPU will read."""
-    from rich.markup import escape
-
+    """Build TensorRT engines ahead of time, into the cache the workers on this kind of GPU read."""
     from pipeline.engines import build_engines, tensorrt_unavailable
     from pipeline.errors import VoxmillError
     from pipeline.sessions import SessionOptions
     from workers.models import render_builds
 
-    settings = load_settings()
+    settings = model_folder(folder, models)
     missing = tensorrt_unavailable()
     if missing:
-        err.print(f"[red]error:[/red] TensorRT is not available: {escape(missing)}")
-        raise typer.Exit(2)
+        fail(f"TensorRT is not available: {missing}")
     try:
-        builds = build_engines(model_dir, SessionOptions.from_settings(settings), fp16)
+        builds = build_engines(settings.model_dir, SessionOptions.from_settings(settings), fp16)
     except VoxmillError as exc:
-        err.print(f"[red]error:[/red] {escape(exc.message)}")
-        raise typer.Exit(1) from None
+        fail(exc.message, code=1)
     render_builds(builds, out)
 
 
 def main() -> None:
-    app()
+    """The `voxmill` command; an OS error anywhere (a path that cannot be written, say) is one line."""
+    from pipeline.errors import VoxmillError
+
+    try:
+        app()
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        err.print(f"[red]error:[/red] {where}{exc.strerror or exc}")
+        sys.exit(2)
+    except VoxmillError as exc:
+        err.print(f"[red]error:[/red] {exc.message}")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

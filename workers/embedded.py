@@ -322,11 +322,20 @@ class LocalWorkers:
 class LocalCluster:
     """`voxmill up`: an embedded Redis (unless a broker is configured), local workers and a watcher."""
 
-    def __init__(self, settings: Settings, workers: int, queues: Sequence[str], watch: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        workers: int,
+        queues: Sequence[str],
+        watch: bool = True,
+        log_path: Path | None = None,
+    ) -> None:
+        """`log_path`: where the workers' and the watcher's output goes (None: this terminal)."""
         self.base_settings = settings
         self.workers_count = workers
         self.queues = list(queues)
         self.watch = watch
+        self.log_path = log_path
         self.redis: EmbeddedRedis | None = None
         self.workers: LocalWorkers | None = None
         self.watcher: subprocess.Popen[bytes] | None = None
@@ -340,15 +349,23 @@ class LocalCluster:
         if not self.base_settings.broker_url:
             self.redis = EmbeddedRedis().start()
             self.settings = self.base_settings.model_copy(update={"broker_url": self.redis.url})
-        self.workers = LocalWorkers(self.settings, self.workers_count, self.queues).start()
+        self.workers = LocalWorkers(self.settings, self.workers_count, self.queues, log_path=self.log_path)
+        self.workers.start()
         if self.watch:
             env = {**os.environ, **self.settings.to_env()}
-            self.watcher = subprocess.Popen(
-                [sys.executable, "-m", "workers.cli", "watch"],
-                env=env,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
+            log = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115
+            try:
+                self.watcher = subprocess.Popen(
+                    [sys.executable, "-m", "workers.cli", "watch"],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT if log is not None else None,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
+            finally:
+                if log is not None:
+                    log.close()  # the child holds its own descriptor
         self.workers.wait_ready(ready_timeout_s)
 
     def wait(self) -> None:

@@ -185,7 +185,7 @@ def test_voxmill_up_prints_the_one_url_that_works_and_the_password_appears_nowhe
     outputs: dict[str, str] = {}
     with open(up_log, "wb") as log:
         up = subprocess.Popen(
-            [VOXMILL, "up", "--workers", "1"],
+            [VOXMILL, "up", "--workers", "1", "--verbose"],  # the logs too: no password in them
             env=clean_env({**base, "TMPDIR": str(private_tmp)}),
             stdout=log,
             stderr=subprocess.STDOUT,

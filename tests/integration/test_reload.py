@@ -353,10 +353,13 @@ def test_machines_converge_each_loading_its_own_copy(
     assert published(redis_client, "embedder")["generation"] == generation
 
 
-def test_voxmill_up_starts_a_watcher_that_publishes(tiny_models: Path, audio_dir: Path) -> None:
-    env = clean_env({"VOXMILL_MODEL_DIR": str(tiny_models), "VOXMILL_ALLOWED_ROOTS": str(audio_dir)})
+def test_voxmill_up_starts_a_watcher_that_publishes(
+    tiny_models: Path, audio_dir: Path, tmp_path: Path
+) -> None:
+    env = clean_env({"VOXMILL_ALLOWED_ROOTS": str(audio_dir)})
+    log = tmp_path / "up.log"
     proc = subprocess.Popen(
-        [VOXMILL, "up", "--workers", "1", "-Q", "embed"],
+        [VOXMILL, "up", "--workers", "1", "-Q", "embed", "--models", str(tiny_models), "--log", str(log)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -376,6 +379,9 @@ def test_voxmill_up_starts_a_watcher_that_publishes(tiny_models: Path, audio_dir
         sha = published(client, "embedder")["sha256"]
         wait_for(lambda: list(serving(client, "embedder")) == [sha])
         client.close()
+        # The workers' and the watcher's lines go to the log file `up` names, not to its terminal.
+        logged = log.read_text()
+        assert "loaded embedder campplus.onnx" in logged and "voxmill.watcher" in logged
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

@@ -36,6 +36,23 @@ class RemoteCluster:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
+    def start(self) -> RemoteCluster:
+        """`RunError` at once when the broker does not answer (an outage later is ridden out)."""
+        import redis
+
+        client = redis.Redis.from_url(
+            self.settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5
+        )
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            raise RunError(
+                f"cannot reach the broker at {self.settings.redacted_broker_url()}: {exc}"
+            ) from None
+        finally:
+            client.close()
+        return self
+
     def ready_workers(self, client: redis.Redis) -> int:
         from workers.observe import status
 

@@ -123,4 +123,5 @@ def summary_table(report: dict[str, Any], out_dir: str) -> Table:
 def summary_line(report: dict[str, Any]) -> str:
     """Utterances, audio and wall time of a finished run."""
     audio = audio_amount(report.get("audio_seconds", 0.0))
-    return f"{report.get('utterances', 0)} utterances, {audio} of audio in {report.get('wall_seconds', 0.0):.1f} s"
+    wall_s = report.get("wall_seconds", 0.0)
+    return f"{report.get('utterances', 0)} utterances, {audio} of audio in {wall_s:.1f} s"

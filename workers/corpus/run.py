@@ -44,7 +44,7 @@ def extract_corpus(
         utts = read_utterances(source)
         cluster: Cluster
         if settings.broker_url:
-            cluster = RemoteCluster(settings)
+            cluster = RemoteCluster(settings).start()
         else:
             cluster = EmbeddedCluster(settings, utts, out_dir, ops, workers).start()
             if not quiet:
