@@ -109,7 +109,7 @@ def measure_worker_ready(
     from pipeline.settings import Settings
     from workers.embedded import EmbeddedRedis, LocalWorkers
     from workers.observe import status
-    from workers.queue.app import create_app
+    from workers.queue.app import TASK_NAMES, create_app
 
     trace_dir = WORK_DIR / "runs" / f"coldstart-{time.time_ns()}"
     trace_dir.mkdir(parents=True)
@@ -129,7 +129,7 @@ def measure_worker_ready(
     client = redis.Redis.from_url(embedded.url)
     cluster = LocalWorkers(settings, 1, queues=["tokenize", "embed"], extra_env=env)
     try:
-        pending = app.send_task("voxmill.embed", args=[{"path": str(clip.resolve())}], queue="embed")
+        pending = app.send_task(TASK_NAMES["embed"], args=[{"path": str(clip.resolve())}], queue="embed")
         spawned = time.time()
         cluster.start()
         heartbeat_s = None

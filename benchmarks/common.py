@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,14 +125,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     low = int(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def spread(values: Sequence[float]) -> float:
-    """(max - min) / median: how noisy the repeats were."""
-    if not values:
-        return float("nan")
-    med = statistics.median(values)
-    return (max(values) - min(values)) / med if med else float("nan")
 
 
 # --------------------------------------------------------------------------- result files
@@ -348,7 +340,3 @@ def log(message: str) -> None:
     """Progress on stderr, with the load average (the noise other users add)."""
     load = load_average()[0]
     print(f"[bench {time.strftime('%H:%M:%S')} load {load:.2f}] {message}", file=sys.stderr, flush=True)
-
-
-def flatten(items: Iterable[Iterable[Any]]) -> list[Any]:
-    return [x for group in items for x in group]

@@ -62,15 +62,12 @@ def extract_command(
     ops: Sequence[str],
     workers: int,
     shard_size: int | None,
-    variant: Sequence[str] | None = None,
 ) -> list[str]:
-    """`voxmill extract ...`, or with `variant` the prototype (`benchmarks.prototype`) with those options."""
+    """`voxmill extract MANIFEST --out DIR --ops ... --models M --workers N [--shard-size S] --quiet`."""
     args = [str(manifest), "--out", str(out_dir), "--ops", ",".join(ops), "--models", str(models)]
     args += ["--workers", str(workers)]
     if shard_size:
         args += ["--shard-size", str(shard_size)]
-    if variant is not None:
-        return python_command("benchmarks.prototype", *args, *variant)
     return python_command("workers.cli", "extract", *args, "--quiet")
 
 
@@ -82,23 +79,19 @@ def run_extract(
     *,
     threads: int = 1,
     shard_size: int | None = None,
-    env_extra: dict[str, str] | None = None,
-    variant: Sequence[str] | None = None,
     timeout_s: float = 3600,
 ) -> dict[str, Any]:
-    """One `voxmill extract` run (or, with `variant`, the prototype) in a fresh output folder."""
+    """One `voxmill extract` run in a fresh output folder."""
     run_id = f"{'-'.join(ops)}-w{workers}-t{threads}-{uuid.uuid4().hex[:8]}"
     out_dir = RUNS_DIR / run_id
     trace_dir = RUNS_DIR / f"{run_id}-trace"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    env = child_env(
-        {"VOXMILL_INTRA_OP_THREADS": str(threads), "BENCH_TRACE_DIR": str(trace_dir), **(env_extra or {})}
-    )
+    env = child_env({"VOXMILL_INTRA_OP_THREADS": str(threads), "BENCH_TRACE_DIR": str(trace_dir)})
     env["PYTHONPATH"] = f"{TRACE_DIR}:{env['PYTHONPATH']}"
-    argv = extract_command(manifest, out_dir, models, ops, workers, shard_size, variant)
+    argv = extract_command(manifest, out_dir, models, ops, workers, shard_size)
     spawned = time.time()
     child = timed_child(argv, env, timeout_s)
-    wall_s, done, sampler = child.wall_s, child.done, child.sampler
+    wall_s, sampler = child.wall_s, child.sampler
     ended = spawned + wall_s
     report = json.loads((out_dir / "report.json").read_text())
     failed = {op: v["failed"] for op, v in report["ops"].items() if v["failed"]}
@@ -110,7 +103,6 @@ def run_extract(
         "workers": workers,
         "threads": threads,
         "shard_size": shard_size,
-        "variant": list(variant) if variant is not None else None,
         "wall_s": round(wall_s, 4),
         "cpu_s": round(child.cpu_s, 3),
         "driver_wall_s": report.get("wall_seconds"),
@@ -121,9 +113,6 @@ def run_extract(
         "memory_mb": sampler.peaks_by_kind() if sampler else {},
         "tree_peak_mb": round(sampler.total_peak_mb, 1) if sampler else None,
     }
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if variant is not None and lines:
-        result["timeline_s"] = json.loads(lines[-1])["timeline_s"]
     shutil.rmtree(out_dir, ignore_errors=True)
     shutil.rmtree(trace_dir, ignore_errors=True)
     return result

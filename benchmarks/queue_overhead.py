@@ -6,11 +6,11 @@
   overhead = submit -> result (Celery `AsyncResult.get`, which the Redis result backend
   answers by pub/sub) minus the time inside the task (`timings_ms`: decode, features, model).
   p50 and p99 (target p50 < 5 ms). The same through `workers.queue.client.Client` (`submit` +
-  `as_completed`, which polls the result keys every 20 ms by default), and with a 2 ms poll.
+  `as_completed`, woken by each result's announcement), and a polling-only client (every 20 ms).
 - throughput: all tasks submitted at once, then collected: tasks per second with 2 worker
   processes.
 - split: on a second cluster whose workers trace each task (`benchmarks/trace`), the overhead
-  split into submit -> the task's `process` call starts, and `process` returns -> result seen.
+  split into submit -> the task's `run_clip` call starts, and `run_clip` returns -> result seen.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import soundfile as sf
 
 from benchmarks.common import log, percentile, results_dir, summary, write_result
 from benchmarks.corpus import WORK_DIR, make_models
+from workers.queue.app import TASK_NAMES
 
 OPS = ("tokenize", "embed")
 POLLING_ONLY_S = 0.02  # a polling-only client (`Client(wakeups=False)`), the interval used before wake-ups
@@ -53,7 +54,7 @@ def latency(app: Any, clip: Path, count: int) -> dict[str, Any]:
     for index in range(count):
         op = OPS[index % 2]
         started = time.perf_counter()
-        result = app.send_task(f"voxmill.{op}", args=[{"path": str(clip)}], queue=op)
+        result = app.send_task(TASK_NAMES[op], args=[{"path": str(clip)}], queue=op)
         value = result.get(timeout=60)
         elapsed = time.perf_counter() - started
         result.forget()
@@ -79,10 +80,11 @@ def client_latency(settings: Any, clip: Path, count: int, poll_s: float | None) 
     `poll_s` None: the default client (woken by each result's announcement); else a polling-only
     client reading every `poll_s`.
     """
-    from workers.queue.client import POLL_S, Client
+    from workers import tuning
+    from workers.queue.client import Client
 
     client = Client(settings, wakeups=poll_s is None)
-    poll_s = poll_s or POLL_S
+    poll_s = poll_s or tuning.RESULT_POLL_S
     overheads = []
     for index in range(count):
         op = OPS[index % 2]
@@ -105,7 +107,7 @@ def client_latency(settings: Any, clip: Path, count: int, poll_s: float | None) 
 def throughput(app: Any, clip: Path, count: int) -> dict[str, Any]:
     started = time.perf_counter()
     pending = [
-        app.send_task(f"voxmill.{OPS[i % 2]}", args=[{"path": str(clip)}], queue=OPS[i % 2])
+        app.send_task(TASK_NAMES[OPS[i % 2]], args=[{"path": str(clip)}], queue=OPS[i % 2])
         for i in range(count)
     ]
     submitted = time.perf_counter()
@@ -124,9 +126,9 @@ def throughput(app: Any, clip: Path, count: int) -> dict[str, Any]:
 
 
 def latency_split(settings: Any, clip: Path, count: int) -> dict[str, Any]:
-    """Where the overhead goes: a separate cluster whose workers trace every `process` call
-    (`benchmarks/trace`), so each task splits into submit -> `process` start (to the worker),
-    `process` itself, and `process` end -> result seen (back to the producer)."""
+    """Where the overhead goes: a separate cluster whose workers trace every `run_clip` call
+    (`benchmarks/trace`), so each task splits into submit -> `run_clip` start (to the worker),
+    `run_clip` itself, and `run_clip` end -> result seen (back to the producer)."""
     from benchmarks.common import ROOT, TRACE_DIR
     from benchmarks.extract_run import read_traces
     from workers.embedded import LocalWorkers
@@ -146,7 +148,7 @@ def latency_split(settings: Any, clip: Path, count: int) -> dict[str, Any]:
         for index in range(count):
             op = OPS[index % 2]
             submitted = time.time()
-            result = app.send_task(f"voxmill.{op}", args=[{"path": str(clip)}], queue=op)
+            result = app.send_task(TASK_NAMES[op], args=[{"path": str(clip)}], queue=op)
             result.get(timeout=60)
             sent.append((submitted, time.time()))
             result.forget()

@@ -1,6 +1,6 @@
 """`make bench`: every measurement of the performance issue in one run, then `BENCHMARKS.md`.
 
-    python -m benchmarks.run                 # full stand-ins, ~240 clips, 3 repeats (about 40 min)
+    python -m benchmarks.run                 # full stand-ins, ~240 clips, 3 repeats (about 35 min on 2 cores)
     python -m benchmarks.run --quick         # tiny stand-ins, a few clips, 1 repeat (< 1 min)
     python -m benchmarks.run --only main,queue --repeats 5
     python -m benchmarks.run --report-only   # rebuild BENCHMARKS.md from the result files
@@ -16,8 +16,6 @@ Sections (each writes `benchmarks/results/<section>.json`, machine and versions 
   of a 10 s clip; a real worker's time to its first task with both full models.
 - `memory` (item 7): a fresh process holding the full tokenizer running a 25 s clip, and the ways
   `sessions.py` could load it (`benchmarks/memory.py`), interleaved.
-- `variants`: the driver changes adopted in `workers/extract.py` and `workers/driver.py`, each
-  undone in turn with `benchmarks/prototype.py`, and the shard size.
 - `queue` (issue 3): per-task queue overhead and tasks/s (`benchmarks/queue_overhead.py`).
 - `throughput` (issue 4): 200 clips of 1-20 s, both ops, 2 workers vs `Extractor` in a loop.
 - `core` (issue 2): parity errors, load times of the tiny and full stand-ins, first inference.
@@ -63,11 +61,8 @@ from benchmarks.corpus import (
 from benchmarks.extract_run import run_extract, write_manifest
 from benchmarks.limit import measure_limit
 
-SECTIONS = ("core", "main", "scaling", "coldstart", "memory", "variants", "queue", "throughput")
+SECTIONS = ("core", "main", "scaling", "coldstart", "memory", "queue", "throughput")
 OPS = ("tokenize", "embed")
-# What a worker process needs besides its single-threaded ONNX Runtime session: numpy's BLAS
-# (OpenBLAS) otherwise starts one thread per core for the features' matrix products.
-SINGLE_THREAD_BLAS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @dataclass(frozen=True)
@@ -81,9 +76,7 @@ class Config:
     main: CorpusRecipe
     issue4: CorpusRecipe
     scaling_clips: int
-    variant_clips: int
     queue_tasks: int
-    variant_shard_sizes: tuple[int, ...]
 
     @classmethod
     def make(cls, quick: bool, repeats: int | None) -> Config:
@@ -97,9 +90,7 @@ class Config:
                 main=CorpusRecipe("quick", 6, 1.0, 4.0),
                 issue4=CorpusRecipe("quick", 6, 1.0, 4.0),
                 scaling_clips=4,
-                variant_clips=6,
                 queue_tasks=30,
-                variant_shard_sizes=(),
             )
         return cls(
             quick=False,
@@ -109,9 +100,7 @@ class Config:
             main=CorpusRecipe("main", 240, 1.0, 25.0),
             issue4=CorpusRecipe("issue4", 200, 1.0, 20.0, "uniform", seed=4),
             scaling_clips=60,
-            variant_clips=120,
             queue_tasks=1000,
-            variant_shard_sizes=(8,),
         )
 
 
@@ -389,51 +378,6 @@ def summarize_memory(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------- driver variants
-
-
-def section_variants(cfg: Config) -> dict[str, Any]:
-    models = prime_model_cache(make_models(cfg.profile))
-    clips = subset(make_corpus(cfg.main), cfg.variant_clips)
-    manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{cfg.main.name}-variants.jsonl")
-    variants: dict[str, dict[str, Any]] = {
-        "extract": {},
-        "before": {"variant": ["--order", "plan", "--warm-stop", "--late-start"]},
-        "late-start": {"variant": ["--late-start"]},
-        "blas-1-thread": {"env_extra": SINGLE_THREAD_BLAS},
-    }
-    for size in cfg.variant_shard_sizes:
-        variants[f"shard-size-{size}"] = {"shard_size": size}
-    if cfg.quick:
-        variants = {k: variants[k] for k in ("extract", "before")}
-    per_op: dict[str, Any] = {}
-    for op in OPS:
-        walls: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
-        for repeat in range(cfg.repeats):
-            for name in rotate(list(variants), repeat):
-                log(f"variants {op}: repeat {repeat + 1}/{cfg.repeats}: {name}")
-                walls[name].append(run_extract(manifest, models, [op], cfg.workers, **variants[name]))
-        base = walls["extract"]
-        per_op[op] = {
-            name: {
-                "wall_s": summary([r["wall_s"] for r in runs]),
-                "vs_extract": summary([b["wall_s"] / r["wall_s"] for b, r in zip(base, runs, strict=True)]),
-                "tail_s": summary([r["stages"]["process_s"]["tail"] / cfg.workers for r in runs]),
-                "startup_s": summary([r["stages"]["process_s"]["startup"] / cfg.workers for r in runs]),
-                "timeline_s": runs[0].get("timeline_s"),
-                "cpu_s": summary([r["cpu_s"] for r in runs], 2),
-            }
-            for name, runs in walls.items()
-        }
-    return {
-        "corpus": corpus_info(clips, cfg.main),
-        "models": cfg.profile,
-        "repeats": cfg.repeats,
-        "variants": {name: {k: v for k, v in spec.items()} for name, spec in variants.items()},
-        "ops": per_op,
-    }
-
-
 # --------------------------------------------------------------------------- issue 3, issue 4, issue 2
 
 
@@ -447,17 +391,14 @@ def section_throughput(cfg: Config) -> dict[str, Any]:
     models = prime_model_cache(make_models(cfg.profile))
     clips = make_corpus(cfg.issue4)
     manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{cfg.issue4.name}.jsonl")
-    kinds: dict[str, list[str] | None] = {"voxmill": None, "plain": None}
-    if not cfg.quick:
-        kinds["decode-once"] = ["--combine"]
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    runs: dict[str, list[dict[str, Any]]] = {"voxmill": [], "plain": []}
     for repeat in range(cfg.repeats):
-        for kind in rotate(list(kinds), repeat):
+        for kind in rotate(list(runs), repeat):
             log(f"throughput: repeat {repeat + 1}/{cfg.repeats}: {kind}")
             if kind == "plain":
                 runs[kind].append(plain_loop(manifest, models, list(OPS)))
             else:
-                runs[kind].append(run_extract(manifest, models, list(OPS), 2, variant=kinds[kind]))
+                runs[kind].append(run_extract(manifest, models, list(OPS), 2))
     audio_s = sum(c.duration_s for c in clips)
     voxmill, plain = runs["voxmill"], runs["plain"]
     return {
@@ -470,20 +411,6 @@ def section_throughput(cfg: Config) -> dict[str, Any]:
         "plain_audio_s_per_s": summary([audio_s / r["wall_s"] for r in plain], 2),
         "plain_loop_only_audio_s_per_s": summary([audio_s / r["loop_s"] for r in plain], 2),
         "speedup": summary([p["wall_s"] / v["wall_s"] for p, v in zip(plain, voxmill, strict=True)]),
-        "prototypes": {
-            kind: {
-                "audio_s_per_s": summary([audio_s / r["wall_s"] for r in runs[kind]], 2),
-                "vs_extract": summary(
-                    [v["wall_s"] / r["wall_s"] for v, r in zip(voxmill, runs[kind], strict=True)]
-                ),
-                "speedup_vs_plain": summary(
-                    [p["wall_s"] / r["wall_s"] for p, r in zip(plain, runs[kind], strict=True)]
-                ),
-                "options": kinds[kind],
-            }
-            for kind in kinds
-            if kind not in ("voxmill", "plain")
-        },
         "stages": median_run(voxmill)["stages"],
         "runs": runs,
     }
@@ -514,7 +441,6 @@ RUNNERS: dict[str, Callable[[Config], dict[str, Any]]] = {
     "scaling": section_scaling,
     "coldstart": section_coldstart,
     "memory": section_memory,
-    "variants": section_variants,
     "queue": section_queue,
     "throughput": section_throughput,
 }
@@ -524,7 +450,6 @@ RESULT_NAMES = {
     "scaling": "scaling",
     "coldstart": "coldstart",
     "memory": "memory",
-    "variants": "driver-variants",
     "queue": "queue-overhead",
     "throughput": "corpus-throughput",
 }

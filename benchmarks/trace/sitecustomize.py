@@ -6,10 +6,10 @@ three `pipeline` functions before `workers.queue.tasks` imports them, and append
 `$BENCH_TRACE_DIR/trace-<pid>.jsonl`:
 
 - `open_session`: when each model was loaded and warmed (wall clock);
-- `process`: start and end of every utterance and its `timings_ms` stages;
+- `run_clip`: start and end of every utterance and its `timings_ms` stages;
 - `write_shard`: start and end of the shard file's write.
 
-With BENCH_TRACE_EACH=1 every `process` call is written at once (single-audio tasks, no shards).
+With BENCH_TRACE_EACH=1 every `run_clip` call is written at once (single-audio tasks, no shards).
 
 Cost: two `time.time()` calls per utterance and one line written per shard.
 """
@@ -23,14 +23,14 @@ import time
 
 
 def _install(trace_dir: str) -> None:
-    import pipeline.inference as extraction
+    import pipeline.inference as inference
     import pipeline.writers as writers
 
     each = os.environ.get("BENCH_TRACE_EACH") == "1"
     pending: list[dict[str, object]] = []
-    original_process = extraction.run_clip
+    original_run_clip = inference.run_clip
     original_write = writers.write_shard
-    original_open = extraction.open_session
+    original_open = inference.open_session
 
     def emit(record: dict[str, object]) -> None:
         record["pid"] = os.getpid()
@@ -52,9 +52,9 @@ def _install(trace_dir: str) -> None:
         )
         return session
 
-    def process(label, source, op, sessions, limits):  # type: ignore[no-untyped-def]
+    def run_clip(label, source, op, sessions, limits):  # type: ignore[no-untyped-def]
         started = time.time()
-        result = original_process(label, source, op, sessions, limits)
+        result = original_run_clip(label, source, op, sessions, limits)
         record = {
             "utt": label,
             "start": started,
@@ -87,8 +87,8 @@ def _install(trace_dir: str) -> None:
         )
         return path
 
-    extraction.run_clip = process
-    extraction.open_session = open_session
+    inference.run_clip = run_clip
+    inference.open_session = open_session
     writers.write_shard = write_shard
 
 

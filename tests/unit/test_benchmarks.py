@@ -14,7 +14,7 @@ import pytest
 from benchmarks.common import classify, percentile, summary
 from benchmarks.extract_run import stage_breakdown
 from benchmarks.limit import balance
-from benchmarks.report import fmt
+from benchmarks.report import fmt, targets_section
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def run_quick(work_dir: Path, *args: str) -> Path:
 
 
 def test_quick_benchmark_writes_results_and_report(tmp_path: Path) -> None:
-    quick = run_quick(tmp_path, "--skip", "scaling,variants")
+    quick = run_quick(tmp_path, "--skip", "scaling")
     results = quick / "results"
     for name in ("core", "limit-vs-voxmill", "coldstart", "memory", "queue-overhead", "corpus-throughput"):
         data = json.loads((results / f"{name}.json").read_text())
@@ -46,7 +46,8 @@ def test_quick_benchmark_writes_results_and_report(tmp_path: Path) -> None:
         res = main["ops"][op]
         assert res["ratio_to_limit"]["median"] > 0
         assert res["stages"]["traced_utterances"] == main["corpus"]["clips"]
-        assert res["stages"]["traced_workers"] == main["workers"]
+        # A worker still starting when the tiny corpus is done is stopped before it traces anything.
+        assert 1 <= res["stages"]["traced_workers"] <= main["workers"]
     parity = json.loads((results / "core.json").read_text())["parity"]
     assert parity["fbank_worst"]["above_minus5"] <= 5e-4
     assert min(parity["embedding_cosine_vs_knf"].values()) >= 0.9999
@@ -54,6 +55,7 @@ def test_quick_benchmark_writes_results_and_report(tmp_path: Path) -> None:
     assert parity["stereo_mixdown_ms_per_audio_s"]["identical"]
     report = (quick / "BENCHMARKS.md").read_text()
     for heading in (
+        "Targets",
         "raw-inference limit",
         "Cold start",
         "Queue overhead",
@@ -61,17 +63,14 @@ def test_quick_benchmark_writes_results_and_report(tmp_path: Path) -> None:
         "Core library",
     ):
         assert heading in report
-    assert (results / "bench.png").stat().st_size > 0
     assert not (ROOT / "benchmarks" / "results" / "quick").exists()
 
 
 @pytest.mark.slow
-def test_quick_scaling_and_driver_variants(tmp_path: Path) -> None:
-    results = run_quick(tmp_path, "--only", "scaling,variants") / "results"
+def test_quick_scaling(tmp_path: Path) -> None:
+    results = run_quick(tmp_path, "--only", "scaling") / "results"
     scaling = json.loads((results / "scaling.json").read_text())
     assert set(scaling["end_to_end"]["wall_s"]) == {"1x1", "2x1", "1x2", "2x1/s8"}
-    variants = json.loads((results / "driver-variants.json").read_text())
-    assert set(variants["ops"]["embed"]) == {"extract", "before"}
 
 
 def test_balance_splits_by_weight() -> None:
@@ -116,6 +115,22 @@ def test_summaries_and_formatting() -> None:
     assert percentile(list(range(101)), 99) == pytest.approx(99.0)
     assert fmt(summary(values), 1, " s") == "2.0 s (1.0–3.0)"
     assert fmt(None) == "–"
+
+
+def test_targets_table_gives_a_verdict_per_target() -> None:
+    queue = {"overhead_p50_ms": summary([6.0, 7.0]), "target_p50_ms": 5.0}
+    memory = {
+        "models": "full",
+        "tokenizer": {"voxmill": {"peak_mb": summary([700.0])}},
+        "target_worker_mb": 1024,
+    }
+    lines = targets_section({"queue-overhead": queue, "memory": memory})
+    rows = lines[4:-1]  # title, blank, header, rule; a blank line after the table
+    assert rows == [
+        "| peak RSS, full tokenizer, 25 s clip | 700 MB | ≤ 1024 MB | met |",
+        "| queue overhead per task, p50 | 6.50 ms (6.00–7.00) | ≤ 5.00 ms | **not met** |",
+    ]
+    assert targets_section({}) == []
 
 
 def test_the_sampler_knows_the_processes_of_a_run() -> None:
