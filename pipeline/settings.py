@@ -56,11 +56,23 @@ class Settings(BaseSettings):
         "an embedded Redis (extract, up, demo) do; the others say what to set.",
     )
     result_backend_url: str | None = _f(None, "Where results are stored; unset: the broker.")
+    sentinel_master_name: str = _f(
+        "voxmill",
+        "The master's name in Redis Sentinel, for broker and result-backend URLs of the form "
+        "sentinel://host:26379;sentinel://host2:26379 (the sentinels; password and db in the first).",
+    )
     visibility_timeout_s: int = _f(
         3600, "An unacknowledged task is delivered again after this long; must exceed task_time_limit_s."
     )
     result_expires_s: int = _f(3600, "Results nobody read are deleted after this long.")
     task_time_limit_s: int = _f(1800, "A task running longer is killed (its soft limit is 30 s earlier).")
+    job_deadline_min_s: float = _f(
+        30.0,
+        "A producer sends a job again (same task id; the first stored result wins) when it has no "
+        "result after max(this, job_deadline_factor x the median latency seen), is in no queue and "
+        "no live worker runs it: lost with a killed worker or a Redis restart.",
+    )
+    job_deadline_factor: float = _f(4.0, "See job_deadline_min_s; each new attempt waits twice as long.")
     # Models and providers
     model_dir: Path = _f(
         Path("models"),

@@ -164,11 +164,9 @@ class EmbeddedRedis:
     def wait_up(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         """Wait until the server answers an authenticated PING (TimeoutError after `timeout_s`, or
         at once if it exited)."""
-        import redis
+        from workers.queue import connections
 
-        client = redis.Redis(
-            host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5
-        )
+        client = connections.redis_client(self.url, socket_connect_timeout=0.5)
 
         def up() -> bool:
             if self.process is not None and self.process.poll() is not None:
@@ -261,10 +259,10 @@ class LocalWorkers:
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until every pool process has loaded its models (their heartbeats are in Redis);
         `ProcessExited` at once if the worker exits, TimeoutError after `timeout_s`."""
-        import redis
+        from workers.queue import connections
 
         assert self.settings.broker_url
-        client = redis.Redis.from_url(self.settings.broker_url)
+        client = connections.broker_client(self.settings)
         try:
             wait_until(
                 lambda: self.ready(client),

@@ -22,5 +22,14 @@ SUBSCRIBE_BATCH = 1000  # result channels subscribed per command
 # The corpus driver (`workers.corpus.driver`)
 SHARD_LOOK_S = 1.0  # the files of the shards in flight are looked for at least this often
 WINDOW_REFRESH_S = 2.0  # the number of ready workers (the window of shards in flight) is read this often
-MAX_DEADLINE_DOUBLINGS = 8  # a shard submitted again and again waits at most 8x the deadline
+MAX_DEADLINE_DOUBLINGS = 8  # a shard or job sent again and again waits at most 8x the deadline
 RECENT_SHARDS = 200  # the deadline follows the median time of this many recent shards
+
+# Producers' redelivery and consumer checks (`workers.queue.client`, `workers.queue.delivery`)
+CONSUMERS_TTL_S = 1.0  # the live workers' records are read again after this long (submit checks)
+CONSUMER_CONFIRM_MARGIN_S = 1.0  # a queue is without consumer after a heartbeat interval plus this
+LOOK_S = 1.0  # pending jobs older than this are looked at (model errors, lost jobs) this often
+QUEUE_SCAN_BATCH = 500  # queued messages read per LRANGE when looking for late jobs in their queue
+QUEUE_SCAN_MAX = 20_000  # a queue is read this far from its oldest end; a job not found is taken as queued
+RECENT_JOBS = 200  # a producer's deadline follows the median latency of this many recent jobs
+REASONS_SHOWN = 3  # workers named in an error that says why none can serve a job

@@ -25,7 +25,8 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from celery import Celery, signals
@@ -53,6 +54,17 @@ def roles_for_queues(queues: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(role for queue in queues for role in ROLES_BY_OP.get(queue, ())))
 
 
+def served_queues(queues: Sequence[str]) -> tuple[str, ...]:
+    """The queues a worker started with `-Q queues` consumes: those, plus every op queue whose
+    models it holds anyway. A `-Q tokenize,embed` worker also serves `extract` (it needs exactly
+    those two models), so no `-Q` list leaves an `extract` job waiting for a worker that was
+    never going to exist; splitting tokenize and embed over separate workers still needs one
+    that serves `extract` (the producer says so at once: `workers.queue.client.NoConsumer`)."""
+    roles = set(roles_for_queues(queues))
+    extra = [q for q in QUEUES if q not in queues and roles and set(ROLES_BY_OP.get(q, ("?",))) <= roles]
+    return (*queues, *extra)
+
+
 class WorkerProcess:
     """What one worker process serves from: its models (`ModelHolder`), their reload
     (`ReloadCoordinator`), its metrics, its Redis connection, and the limits jobs are held to.
@@ -71,6 +83,8 @@ class WorkerProcess:
         self.redis: Any = None
         self.holder: ModelHolder | None = None
         self.coordinator: ReloadCoordinator | None = None
+        self._running: dict[str, None] = {}  # ids of the tasks this process runs (several: threads pool)
+        self._running_lock = threading.Lock()
 
     def configure(self, queues: Sequence[str], pool: str) -> None:
         """In the worker's main process, before the pool forks: its queues, its pool, the imports."""
@@ -93,10 +107,10 @@ class WorkerProcess:
         if self.settings.metrics_port:
             self.metrics = Metrics()
         if self.settings.broker_url:
-            import redis
+            from workers.queue import connections
 
-            self.redis = redis.Redis.from_url(
-                self.settings.broker_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
+            self.redis = connections.broker_client(
+                self.settings, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
             )
         registry = Registry.load()
         options = SessionOptions.from_settings(self.settings)
@@ -105,9 +119,39 @@ class WorkerProcess:
             roles, options, registry, self.metrics, self.settings.reload_aside_wait_max_s, name=worker_id
         )
         self.coordinator = ReloadCoordinator(
-            self.settings, self.holder, registry, self.queues, self.pool, self.redis, self.metrics
+            self.settings,
+            self.holder,
+            registry,
+            self.queues,
+            self.pool,
+            self.redis,
+            self.metrics,
+            running=self.running_ids,
         )
         self.coordinator.start()
+
+    @contextlib.contextmanager
+    def running_task(self, task_id: str | None) -> Iterator[None]:
+        """While a task runs, its id is in this process's heartbeat record: a producer whose job is
+        late sends it again only when no live worker runs it. The heartbeat is written soon after
+        the task starts (the record's writer wakes on `task_ended`), not at its next interval."""
+        if not task_id:
+            yield
+            return
+        with self._running_lock:
+            self._running[task_id] = None
+        if self.holder is not None:
+            self.holder.task_ended.set()
+        try:
+            yield
+        finally:
+            with self._running_lock:
+                self._running.pop(task_id, None)
+
+    def running_ids(self) -> list[str]:
+        """The ids of the tasks this process runs now."""
+        with self._running_lock:
+            return list(self._running)
 
     def serving(self, roles: Sequence[str]) -> contextlib.AbstractContextManager[dict[str, ModelSession]]:
         """The sessions of one task (`ModelHolder.serving`)."""
@@ -141,7 +185,7 @@ def install_hooks(app: Celery, settings: Settings, process: WorkerProcess) -> No
         if instance is None or instance.app is not app:
             return
         opts = options or {}
-        process.configure(queues_from_options(opts, QUEUES), pool_name(opts.get("pool_cls")))
+        process.configure(served_queues(queues_from_options(opts, QUEUES)), pool_name(opts.get("pool_cls")))
 
     def on_process_init(**_: Any) -> None:
         process.start()
@@ -168,10 +212,25 @@ def install_hooks(app: Celery, settings: Settings, process: WorkerProcess) -> No
 
     signals.setup_logging.connect(on_setup_logging, weak=False)
     signals.celeryd_init.connect(on_init, weak=False)
+    signals.celeryd_after_setup.connect(consume_served_queues(app, process), weak=False)
     signals.worker_process_init.connect(on_process_init, weak=False)
     signals.worker_init.connect(on_threads_worker_init, weak=False)
     signals.worker_process_shutdown.connect(on_shutdown, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
+
+
+def consume_served_queues(app: Celery, process: WorkerProcess) -> Any:
+    """The hook that adds the queues `process` serves beyond its `-Q` list (`served_queues`), once
+    Celery has applied `-Q`: `voxmill worker` and `celery -A workers.app worker` alike."""
+
+    def on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        if instance is None or instance.app is not app:
+            return
+        queues = instance.app.amqp.queues
+        for name in process.queues:
+            queues.select_add(queues[name])  # the declared queue (its exchange), not a new one
+
+    return on_after_setup
 
 
 def queues_from_options(options: dict[str, Any], default: tuple[str, ...]) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from workers import keys, tuning
 from workers.corpus.cluster import Cluster
 from workers.corpus.plan import Plan, RunError
 from workers.corpus.progress import ProgressView
+from workers.queue import connections
 from workers.queue.app import SHARD_TASK
 from workers.queue.wakeups import ResultWakeups
 
@@ -96,9 +97,7 @@ class CorpusDriver:
         self.plan = plan
         self.view = view
         self.ledger = Ledger(out_dir, longest_first(plan.specs))
-        self.redis = redis.Redis.from_url(
-            self.settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5
-        )
+        self.redis = connections.broker_client(self.settings, socket_timeout=5, socket_connect_timeout=5)
         self.channel = keys.SHARDS_DONE_CHANNEL.format(run=plan.run)
         self.announcements = ResultWakeups(self.redis)
         self._redis_down_since: float | None = None

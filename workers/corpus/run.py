@@ -66,10 +66,10 @@ def _workers(cluster: Cluster, local: int) -> int | None:
         return local
     import redis
 
+    from workers.queue import connections
+
     try:
-        client = redis.Redis.from_url(
-            cluster.settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5
-        )
+        client = connections.broker_client(cluster.settings, socket_timeout=5, socket_connect_timeout=5)
         try:
             return cluster.ready_workers(client) or None
         finally:

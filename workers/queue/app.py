@@ -3,29 +3,80 @@
 `create_app(settings)` builds nothing but the app: producers (`workers.queue.client`, the corpus
 driver) send tasks by name. A worker's entry point (`workers.worker.build_worker_app`) adds the
 task handlers and the model holder to it.
+
+The broker and the result backend are `redis://` (or `rediss://`) URLs, or `sentinel://` lists of
+sentinels with the master's name in `sentinel_master_name` (`workers.queue.connections`).
 """
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
+import kombu.transport
+import redis
 from celery import Celery
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 from kombu.entity import Exchange, Queue
+from kombu.transport import redis as kombu_redis
 
 from pipeline.records import OPS
 from pipeline.settings import Settings
 from workers.keys import QUEUES
-from workers.queue import transport
+from workers.queue import connections, transport
 
 # One queue per op (`workers.keys.QUEUES`); `voxmill.shard` goes to the queue of its shard's op.
 TASK_NAMES = {op: f"voxmill.{op}" for op in OPS}
 SHARD_TASK = "voxmill.shard"
 PLACEHOLDER_BROKER = "redis://voxmill-broker-not-configured.invalid:6379/0"
+FINAL_STATES = ("SUCCESS", "FAILURE", "REVOKED")
+
+# Store a result unless the key already holds a final one, and announce it on the key's channel
+# (what Celery's `_set` does, atomically): a second execution of a job that was delivered twice
+# (a producer's redelivery, a restored message) never replaces the first result.
+STORE_FIRST_RESULT = """
+local old = redis.call('GET', KEYS[1])
+if old then
+  local ok, meta = pcall(cjson.decode, old)
+  if ok and type(meta) == 'table' then
+    local status = meta['status']
+    if status == 'SUCCESS' or status == 'FAILURE' or status == 'REVOKED' then
+      return 0
+    end
+  end
+end
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+return 1
+"""
 
 
-class PolledRedisBackend(RedisBackend):  # type: ignore[misc]
-    """The Redis result backend for producers that poll results in batches (`workers.queue.client`).
+class FirstResultWins:
+    """Mixin of Celery's Redis result backends: the first final result stored for a task id stays.
+
+    Celery itself only skips the write when it finds a SUCCESS first (a read, then a write: two
+    executions finishing together may both write); this checks and writes in one script.
+    """
+
+    _store_script: Any = None
+
+    def _set(self, key: Any, value: Any, expires: Any = None) -> None:
+        if expires is None:
+            expires = self.expires  # type: ignore[attr-defined]
+        if isinstance(expires, datetime.timedelta):
+            expires = expires.total_seconds()
+        if self._store_script is None:
+            self._store_script = self.client.register_script(STORE_FIRST_RESULT)  # type: ignore[attr-defined]
+        self._store_script(keys=[key], args=[value, int(expires or 0)])
+
+
+class PolledResults:
+    """Mixin for producers that poll results in batches (`workers.queue.client`).
 
     Celery's own backend subscribes to a pub/sub channel for every task sent, and a broker outage
     leaves that subscription broken for good ("the Celery application must be restarted"). This
@@ -34,6 +85,58 @@ class PolledRedisBackend(RedisBackend):  # type: ignore[misc]
 
     def on_task_call(self, producer: Any, task_id: str) -> None:
         return None
+
+
+class VoxmillRedisBackend(FirstResultWins, RedisBackend):  # type: ignore[misc]
+    """The Redis result backend of voxmill's apps."""
+
+
+class VoxmillSentinelBackend(FirstResultWins, SentinelBackend):  # type: ignore[misc]
+    """The Redis Sentinel result backend of voxmill's apps."""
+
+
+class PolledRedisBackend(PolledResults, VoxmillRedisBackend):
+    """The Redis result backend of a polling producer."""
+
+
+class PolledSentinelBackend(PolledResults, VoxmillSentinelBackend):
+    """The Redis Sentinel result backend of a polling producer."""
+
+
+class SentinelChannel(transport.Channel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel with `transport.Channel`'s fix: it finds its sentinels again after
+    the transport dropped its broker URL (kombu reads them from the transport's `client`)."""
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        owner = self.connection
+        if owner.client is not None:
+            self._conninfo = owner.client
+            return super()._sentinel_managed_pool(asynchronous)
+        if self._conninfo is None:
+            raise redis.ConnectionError("the broker connection is closed")
+        owner.client = self._conninfo
+        try:
+            return super()._sentinel_managed_pool(asynchronous)
+        finally:
+            owner.client = None
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
+def register_transports() -> None:
+    """voxmill's transports for `redis://`, `rediss://` and `sentinel://` broker URLs in this process."""
+    transport.register()
+    kombu.transport.TRANSPORT_ALIASES["sentinel"] = f"{__name__}:SentinelTransport"
+    getattr(kombu.transport, "_transport_cache", {}).pop("sentinel", None)
+
+
+def backend_url(url: str, polled: bool) -> str:
+    """`url` with voxmill's result backend class for its scheme (Celery's `Class+url` form)."""
+    sentinel = connections.is_sentinel(url)
+    name = ("Polled" if polled else "Voxmill") + ("SentinelBackend" if sentinel else "RedisBackend")
+    return f"{__name__}:{name}+{url}"
 
 
 def create_app(settings: Settings, polled_results: bool = False) -> Celery:
@@ -49,13 +152,11 @@ def create_app(settings: Settings, polled_results: bool = False) -> Celery:
             f"visibility_timeout_s ({settings.visibility_timeout_s}) must exceed task_time_limit_s "
             f"({settings.task_time_limit_s}), or long tasks are delivered twice"
         )
-    transport.register()
+    register_transports()
     broker = settings.broker_url or PLACEHOLDER_BROKER
     backend = settings.result_backend_url or broker
-    if polled_results:
-        backend = f"{__name__}:PolledRedisBackend+{backend}"
     visibility = {"visibility_timeout": settings.visibility_timeout_s}
-    app = Celery("voxmill", broker=broker, backend=backend, set_as_current=False)
+    app = Celery("voxmill", broker=broker, backend=backend_url(backend, polled_results), set_as_current=False)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -66,8 +167,12 @@ def create_app(settings: Settings, polled_results: bool = False) -> Celery:
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
-        broker_transport_options={**visibility, "socket_keepalive": True},
-        result_backend_transport_options=dict(visibility),
+        broker_transport_options={
+            **visibility,
+            "socket_keepalive": True,
+            **connections.transport_options(settings, broker),
+        },
+        result_backend_transport_options={**visibility, **connections.transport_options(settings, backend)},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         redis_retry_on_timeout=True,

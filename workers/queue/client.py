@@ -11,15 +11,29 @@ the pending jobs' channels (`ResultWakeups`) and reads the announced ones as soo
 announced; every `poll_s` without an announcement it reads them all, so a lost announcement
 costs at most `poll_s`, never a result. A broker
 outage while waiting is ridden out with backoff until the deadline (listening resumes after it);
-what has not come back by then is a `timeout` error.
+what has not come back by then is a `timeout` error, which says why when it can.
+
+Every job is answered once (`workers.queue.delivery` decides, this module looks and acts):
+- `submit` raises `NoConsumer` when no live worker consumes the job's queue (the heartbeat
+  records `keys.WORKER` say which queues each process consumes).
+- A job that every live consumer of its queue cannot run (a model it needs failed to load) is
+  answered at once with `model_error` and the workers' reasons.
+- Each pending job keeps what was sent (its path or its bytes) until its result is read. A job
+  late past its deadline that is in no queue and that no live worker runs (lost with a killed
+  worker or with a Redis restart) is sent again under the same task id. Workers store only the
+  first final result of a task id (`workers.queue.app.FirstResultWins`) and the client reads a
+  job's result once, so a job that ran twice is still answered once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +41,24 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from pipeline.errors import MODEL_ERROR
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
-from workers import tuning
+from workers import keys, tuning
+from workers.queue import connections
 from workers.queue.app import TASK_NAMES, create_app
+from workers.queue.delivery import (
+    RESEND,
+    Delivery,
+    WorkerView,
+    absence,
+    consumer_missing,
+    deadline_s,
+    late_reason,
+    queues_without_consumer,
+    start_command,
+    verdict,
+)
 from workers.queue.wakeups import ResultWakeups
 
 log = logging.getLogger("voxmill.client")
@@ -79,34 +107,150 @@ class BrokerNotConfigured(RuntimeError):
         )
 
 
+class NoConsumer(RuntimeError):
+    """No live worker consumes the queue a job needs: says which, and the command that starts one."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.command = start_command(queue)
+        super().__init__(f"no live worker consumes the {queue} queue: start one with {self.command}")
+
+
 @dataclass(frozen=True)
 class Job:
-    """One submitted input: its label, op and task id."""
+    """One submitted input: its label, op and task id, and what was sent (to send it again)."""
 
     label: str
     op: str
     id: str
+    payload: Any = field(default=None, repr=False, compare=False)
+    serializer: str = field(default="json", repr=False, compare=False)
+    sent_at: float = field(default_factory=time.monotonic, repr=False, compare=False)
 
 
-def timed_out(job: Job, timeout_s: float) -> TaskResult:
-    """The `timeout` error result of a job with no result by the deadline."""
-    message = f"no result within {timeout_s:g} s"
+def timed_out(job: Job, timeout_s: float, reason: str = "") -> TaskResult:
+    """The `timeout` error result of a job with no result by the deadline (and why, if known)."""
+    message = f"no result within {timeout_s:g} s" + (f"; {reason}" if reason else "")
     return TaskResult(input=job.label, op=job.op, error={"code": TIMEOUT_CODE, "message": message})
 
 
-class Client:
-    """Submits jobs to voxmill workers and collects their results."""
+def read_worker_records(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every live worker process's heartbeat record (one SCAN, then MGETs)."""
+    found = list(client.scan_iter(match=keys.WORKER_PATTERN, count=500))
+    records = []
+    for start in range(0, len(found), tuning.RESULT_READ_BATCH):
+        for raw in client.mget(found[start : start + tuning.RESULT_READ_BATCH]):
+            if raw:
+                try:
+                    records.append(json.loads(raw))
+                except ValueError:
+                    continue
+    return records
 
-    def __init__(self, settings: Settings, app: Celery | None = None, wakeups: bool = True) -> None:
-        """`wakeups` False: read results every `poll_s` only (no pub/sub connection)."""
+
+def queued_ids(client: redis.Redis, queue: str, wanted: set[str]) -> set[str]:
+    """Which of the task ids `wanted` are waiting in `queue` (a Redis list, oldest at its end).
+
+    Read from the oldest end, in batches, until every one is found; a queue longer than
+    `tuning.QUEUE_SCAN_MAX` is not read to its end, and the ids not found count as queued (a job
+    is sent again only when it is surely missing).
+    """
+    found: set[str] = set()
+    length = int(client.llen(queue))
+    end = min(length, tuning.QUEUE_SCAN_MAX)
+    for start in range(0, end, tuning.QUEUE_SCAN_BATCH):
+        stop = min(start + tuning.QUEUE_SCAN_BATCH, end)
+        for raw in client.lrange(queue, -stop, -start - 1):
+            task_id = message_task_id(raw)
+            if task_id in wanted:
+                found.add(task_id)
+        if found >= wanted:
+            return found
+    return found if length <= tuning.QUEUE_SCAN_MAX else set(wanted)
+
+
+def message_task_id(raw: bytes | str) -> str | None:
+    """The task id in the headers of a queued kombu message (its JSON envelope), or None."""
+    try:
+        headers = json.loads(raw).get("headers") or {}
+    except (ValueError, AttributeError):
+        return None
+    task_id = headers.get("id") if isinstance(headers, dict) else None
+    return str(task_id) if task_id else None
+
+
+def queues_to_mark(client: redis.Redis) -> list[str]:
+    """`queues_without_consumer` of what Redis holds now: the queues with jobs and no live consumer."""
+    depths = {queue: int(client.llen(queue)) for queue in keys.QUEUES}
+    return queues_without_consumer(depths, read_worker_records(client))
+
+
+class Client:
+    """Submits jobs to voxmill workers and collects their results, each exactly once."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        app: Celery | None = None,
+        wakeups: bool = True,
+        check_consumers: bool = True,
+    ) -> None:
+        """`wakeups` False: read results every `poll_s` only (no pub/sub connection).
+        `check_consumers` False: submit without looking for a live consumer first."""
         if not settings.broker_url:
             raise BrokerNotConfigured()
         self.app = app or create_app(settings, polled_results=True)
         self.settings = settings
         self.wakeups = wakeups
+        self.check_consumers = check_consumers
+        self.resent = 0  # jobs sent again because they were lost
+        self._broker: redis.Redis | None = None
+        self._view: WorkerView | None = None
+        self._view_at = -math.inf
+        self._absent: dict[str, tuple[float, float]] = {}  # queue -> (since, last look) without consumer
+        self._latencies: deque[float] = deque(maxlen=tuning.RECENT_JOBS)
+
+    @property
+    def broker(self) -> redis.Redis:
+        """This client's connection to the broker: the workers' records and the queues."""
+        if self._broker is None:
+            self._broker = connections.broker_client(
+                self.settings, socket_timeout=5, socket_connect_timeout=5
+            )
+        return self._broker
+
+    def close(self) -> None:
+        if self._broker is not None:
+            self._broker.close()
+            self._broker = None
+
+    def workers(self, max_age_s: float = 0.0) -> WorkerView:
+        """The live workers as their records say, read again when older than `max_age_s`."""
+        now = time.monotonic()
+        if self._view is None or now - self._view_at > max_age_s:
+            self._view = WorkerView.from_records(read_worker_records(self.broker))
+            self._view_at = now
+        return self._view
+
+    def require_consumer(self, queue: str) -> None:
+        """`NoConsumer` unless a live worker consumes `queue`. A queue found without one is looked
+        at again for a heartbeat interval first (after a Redis restart the records come back)."""
+        confirm_s = self.settings.heartbeat_interval_s + tuning.CONSUMER_CONFIRM_MARGIN_S
+        max_age_s = tuning.CONSUMERS_TTL_S
+        while True:
+            if self.workers(max_age_s).serves(queue):
+                self._absent.pop(queue, None)
+                return
+            self._absent[queue] = absence(self._absent.get(queue), self._view_at, confirm_s)
+            if consumer_missing(self._absent[queue], confirm_s):
+                raise NoConsumer(queue)
+            time.sleep(tuning.RESULT_POLL_S)
+            max_age_s = 0.0
 
     def submit(self, op: str, audio: str | Path | bytes, name: str | None = None) -> Job:
-        """Queue one input: a path (sent as its absolute path; workers read it) or raw bytes."""
+        """Queue one input: a path (sent as its absolute path; workers read it) or raw bytes.
+
+        `NoConsumer` when no live worker consumes the op's queue (nothing is sent then)."""
         if op not in TASK_NAMES:
             raise ValueError(f"op must be one of {', '.join(OPS)}, not {op!r}")
         if isinstance(audio, (bytes, bytearray)):
@@ -117,8 +261,10 @@ class Client:
             label = name or str(audio)
             payload = {"path": str(Path(audio).absolute())}
             serializer = "json"
+        if self.check_consumers:
+            self.require_consumer(op)
         sent = self.app.send_task(TASK_NAMES[op], args=[payload], serializer=serializer, queue=op)
-        return Job(label=label, op=op, id=str(sent.id))
+        return Job(label=label, op=op, id=str(sent.id), payload=payload, serializer=serializer)
 
     def submit_many(self, op: str, inputs: Iterable[str | Path | bytes]) -> list[Job]:
         """Queue many inputs; jobs come back in input order."""
@@ -137,10 +283,12 @@ class Client:
         """Like `as_completed`, with each result's job."""
         backend = self.app.backend
         pending = {backend.get_key_for_task(job.id): job for job in jobs}
+        deliveries = {job.id: Delivery(job.op, job.sent_at) for job in jobs}
         deadline = time.monotonic() + timeout_s
         wakeups = ResultWakeups(backend.client) if self.wakeups else None
         announced: set[Any] = set()  # keys announced since the last read
         full_read_at = 0.0  # read every pending job then (and whenever nothing was announced)
+        looked_at = -math.inf
         backoff = poll_s
         try:
             while pending:
@@ -153,12 +301,17 @@ class Client:
                     wanted, full_read_at = list(pending.values()), now + poll_s
                 ready = self._read(wanted, wakeups)
                 backoff = poll_s if ready is not None else min(max(backoff * 2, 0.5), 5.0)
-                for job, result in ready or []:
+                answered = ready or []
+                if ready is not None and time.monotonic() - looked_at >= tuning.LOOK_S:
+                    jobs_now = list(pending.values())
+                    answered, looked_at = self._answered(answered, jobs_now, deliveries, looked_at)
+                for job, result in answered:
                     del pending[backend.get_key_for_task(job.id)]
                     yield job, result
                 if pending and time.monotonic() > deadline:
                     for job in pending.values():
-                        yield job, timed_out(job, timeout_s)
+                        reason = late_reason(job.op, self._view, deliveries.get(job.id))
+                        yield job, timed_out(job, timeout_s, reason)
                     return
                 if pending:
                     wait_s = min(backoff, max(0.0, deadline - time.monotonic()) + 0.001)
@@ -169,6 +322,78 @@ class Client:
         finally:
             if wakeups is not None:
                 wakeups.close()
+
+    def _answered(
+        self,
+        ready: list[tuple[Job, TaskResult]],
+        pending: list[Job],
+        deliveries: dict[str, Delivery],
+        looked_at: float,
+    ) -> tuple[list[tuple[Job, TaskResult]], float]:
+        """The results read, their latencies noted, plus what a look at the jobs pending a while
+        answers (`_look`); and when this look was (the last one's time when none was needed)."""
+        now = time.monotonic()
+        for job, _ in ready:
+            self._latencies.append(now - deliveries[job.id].sent_at)
+        done = {job.id for job, _ in ready}
+        late = [j for j in pending if j.id not in done and now - deliveries[j.id].sent_at >= tuning.LOOK_S]
+        if not late:
+            return ready, looked_at
+        return [*ready, *self._look(late, deliveries)], now
+
+    def _look(self, late: list[Job], deliveries: dict[str, Delivery]) -> list[tuple[Job, TaskResult]]:
+        """Look at jobs pending a while: answer those no live worker can run (`model_error`), send
+        again those that are lost. Redis in trouble: nothing now, the next look tries again."""
+        try:
+            view = self.workers()
+            answered = []
+            for job in late:
+                reason = view.unservable(job.op)
+                if reason is not None:
+                    error = {"code": MODEL_ERROR, "message": reason}
+                    answered.append((job, TaskResult(input=job.label, op=job.op, error=error)))
+            self._redeliver([job for job in late if job not in {j for j, _ in answered}], deliveries, view)
+            return answered
+        except (redis.RedisError, OperationalError, OSError) as exc:
+            log.warning("broker unreachable while looking at late jobs (%s); looking again later", exc)
+            return []
+
+    def _redeliver(self, jobs: Sequence[Job], deliveries: dict[str, Delivery], view: WorkerView) -> None:
+        """Send again every job that is late, queued nowhere and running nowhere (on two looks)."""
+        settings = self.settings
+        base_s = deadline_s(list(self._latencies), settings.job_deadline_min_s, settings.job_deadline_factor)
+        now = time.monotonic()
+        overdue = [j for j in jobs if j.payload is not None and deliveries[j.id].overdue(now, base_s)]
+        if not overdue:
+            return
+        queued: set[str] = set()
+        for queue in dict.fromkeys(job.op for job in overdue):
+            wanted = {job.id for job in overdue if job.op == queue and job.id not in view.running}
+            if wanted:
+                queued |= queued_ids(self.broker, queue, wanted)
+        confirm_s = settings.heartbeat_interval_s + tuning.CONSUMER_CONFIRM_MARGIN_S
+        for job in overdue:
+            delivery = deliveries[job.id]
+            running = job.id in view.running
+            step, updated = verdict(delivery, now, base_s, job.id in queued, running, confirm_s)
+            if step == RESEND:
+                self._send_again(job, delivery, now)
+            deliveries[job.id] = updated
+
+    def _send_again(self, job: Job, delivery: Delivery, now: float) -> None:
+        log.warning(
+            "job %s (%s %s) has no result after %.0f s, is in no queue and no live worker runs it: "
+            "sending it again (attempt %d)",
+            job.id,
+            job.op,
+            job.label,
+            now - delivery.sent_at,
+            delivery.attempts + 1,
+        )
+        self.app.send_task(
+            TASK_NAMES[job.op], args=[job.payload], serializer=job.serializer, queue=job.op, task_id=job.id
+        )
+        self.resent += 1
 
     def run(
         self, op: str, inputs: Iterable[str | Path | bytes], timeout_s: float = 300.0

@@ -6,7 +6,9 @@ Payloads are JSON (or msgpack when they carry raw bytes):
 - `voxmill.shard`: a `ShardSpec` dict; the task writes the shard file, then announces its
   `ShardResult` on the run's channel (`keys.SHARDS_DONE_CHANNEL`). It stores no Celery result.
 Bad input is a result with an error code. Only a missing model (still loading, or a failed load
-that a later generation may fix) is retried, with bounded backoff.
+that a later generation may fix) is retried, with bounded backoff, and then is a `model_error`
+result. Each task's id is in its process's heartbeat record while it runs (`running_task`): a
+producer sends again only a job that no live worker runs (`workers.queue.client`).
 """
 
 from __future__ import annotations
@@ -102,6 +104,10 @@ def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, 
             result = run_clip(label, source, op, sessions, process.limits)
     except ModelUnavailable as exc:
         retries = process.settings.model_retries
+        if task.request.retries >= retries:  # the producer is told why, as a result
+            result = TaskResult(input=label, op=op, error={"code": errors.MODEL_ERROR, "message": str(exc)})
+            log_result(task, result)
+            return result.to_dict()
         raise task.retry(
             exc=exc, countdown=retry_countdown(task.request.retries), max_retries=retries
         ) from exc
@@ -257,11 +263,13 @@ def register_tasks(app: Celery, process: WorkerProcess) -> None:
     def job_task(op: str) -> None:
         @app.task(name=TASK_NAMES[op], bind=True)
         def handler(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
-            return run_job(process, self, op, job_argument(args, kwargs))
+            with process.running_task(self.request.id):
+                return run_job(process, self, op, job_argument(args, kwargs))
 
     for op in TASK_NAMES:
         job_task(op)
 
     @app.task(name=SHARD_TASK, bind=True, ignore_result=True)
     def shard(self: Task, payload: Any) -> dict[str, Any]:
-        return run_shard(process, self, payload)
+        with process.running_task(self.request.id):
+            return run_shard(process, self, payload)

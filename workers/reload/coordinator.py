@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +70,11 @@ class ReloadCoordinator:
         pool: str,
         client: redis.Redis | None,
         metrics: NoMetrics | None = None,
+        running: Callable[[], list[str]] | None = None,
     ) -> None:
-        """`client`: this process's Redis connection (None: no broker, nothing to coordinate)."""
+        """`client`: this process's Redis connection (None: no broker, nothing to coordinate).
+        `running`: the ids of the tasks the process runs now, for its record (producers look)."""
+        self.running = running or list
         self.settings = settings
         self.holder = holder
         self.registry = registry
@@ -159,6 +162,7 @@ class ReloadCoordinator:
             "queues": list(self.queues),
             "pool": self.pool,
             **self.holder.describe(),
+            "running": self.running(),
             "reload_failures": {role: f.to_dict() for role, f in self.failures.items()},
             "started_at": self.started_at,
             "last_seen": time.time(),

@@ -521,7 +521,9 @@ def serve(settings: Settings) -> None:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=10, socket_connect_timeout=5)
+    from workers.queue import connections
+
+    client = connections.broker_client(settings, socket_timeout=10, socket_connect_timeout=5)
     hooks = WatcherHooks()
     if settings.watcher_metrics_port:
         from workers.observe import metrics
