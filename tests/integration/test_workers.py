@@ -5,9 +5,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill
 from workers.observe.status import worker_records
-from workers.queue.client import Client
+from workers.queue.client import Client, NoConsumer
 
 
 def test_embed_only_worker_never_loads_the_tokenizer(
@@ -16,12 +18,13 @@ def test_embed_only_worker_never_loads_the_tokenizer(
     settings = make_settings(redis_url, tiny_models, [audio_dir])
     workers = start_worker(settings, concurrency=1, queues=("embed",))
     client = Client(settings)
-    tokenize_job = client.submit("tokenize", audio_dir / "chirp_3s.wav")
+    with pytest.raises(NoConsumer, match="voxmill worker -Q tokenize"):  # refused, not left waiting
+        client.submit("tokenize", audio_dir / "chirp_3s.wav")
     assert client.run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=30)[0].error is None
     records = [r for r in worker_records(redis_client) if r["ppid"] == workers.process.pid]
     assert records and all(set(r["models"]) == {"embedder"} for r in records)
-    assert redis_client.llen("tokenize") == 1
-    assert client.app.AsyncResult(tokenize_job.id).state == "PENDING"
+    assert all(r["queues"] == ["embed"] for r in records)
+    assert redis_client.llen("tokenize") == 0
 
 
 def test_worker_with_a_slow_loading_model_still_comes_up(
