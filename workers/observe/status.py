@@ -1,4 +1,5 @@
-"""What `voxmill status` reports, read straight from Redis: queues, workers, models, throughput."""
+"""What `voxmill status` reports, read straight from Redis: queues, workers, models, corpus runs in
+progress, throughput."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis
 from pipeline.records import ROLES
 from workers import keys
 from workers.keys import QUEUES
+from workers.observe.run_metrics import runs_in_progress
 from workers.reload import generations
 
 STATUS_VERSION = 1
@@ -88,6 +90,7 @@ def collect_status(client: redis.Redis) -> dict[str, Any]:
         "queues": {queue: int(client.llen(queue)) for queue in QUEUES},
         "workers": workers,
         "models": model_status(client, workers),
+        "runs": runs_in_progress(client),
         "throughput": {
             "tasks_last_minute": sum(int(w.get("tasks_last_minute", 0)) for w in workers),
             "per_second": round(sum(int(w.get("tasks_last_minute", 0)) for w in workers) / 60.0, 3),

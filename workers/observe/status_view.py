@@ -22,7 +22,7 @@ def _ago(epoch_s: float | None, now: float) -> str:
 
 
 def render_status(report: dict[str, Any], console: Console) -> None:
-    """The broker, queue depths, each worker process, each role's models, throughput."""
+    """The broker, queue depths, each worker process, each role's models, corpus runs, throughput."""
     now = time.time()
     console.print(f"broker: {escape(str(report.get('broker')))}")
     console.print(
@@ -38,6 +38,11 @@ def render_status(report: dict[str, Any], console: Console) -> None:
     console.print("\n[bold]models[/bold]")
     for role, info in report["models"].items():
         _role_block(role, info, console, now)
+    runs = report.get("runs") or []
+    if runs:
+        console.print(f"\n[bold]corpus runs[/bold]: {len(runs)} in progress")
+        for run in runs:
+            _run_block(run, console, now)
 
 
 def _worker_block(worker: dict[str, Any], console: Console, now: float) -> None:
@@ -75,3 +80,34 @@ def _role_block(role: str, info: dict[str, Any], console: Console, now: float) -
         console.print(
             f"{INDENT}[red]{escape(worker_id)} did not reload: {escape(str(failure['reason']))}[/red]"
         )
+
+
+def _run_block(run: dict[str, Any], console: Console, now: float) -> None:
+    """One corpus run its driver reports: where from and to, how far, the ETA."""
+    from workers.corpus.progress import audio_amount
+
+    console.print(f"  {escape(str(run.get('input', '')))} -> {escape(str(run.get('out', '')))}")
+    total, listed = run.get("utterances_total"), run.get("audio_total_s")
+    shards = run.get("shards", {})
+    done = f"{run.get('utterances_done', 0)}/{'…' if total is None else total} utterances"
+    audio = audio_amount(run.get("audio_done_s", 0.0)) + (
+        "" if listed is None else f" of {audio_amount(listed)}"
+    )
+    eta = run.get("eta_s")
+    when = audio_amount(eta) if eta is not None else "unknown"
+    if eta is None and not shards.get("plan_complete"):
+        when += " (still reading the listing)"
+    console.print(f"{INDENT}{done}; audio {audio} (this run); ETA {when}")
+    planned = f"{shards.get('planned', 0)}{'' if shards.get('plan_complete') else '+'}"
+    before = f" ({shards['done_before']} before)" if shards.get("done_before") else ""
+    console.print(
+        f"{INDENT}shards {shards.get('done', 0)}/{planned} done{before}, "
+        f"{shards.get('in_flight', 0)} in flight, {shards.get('resubmitted', 0)} resubmitted"
+    )
+    failed = ", ".join(f"{n} {op}" for op, n in run.get("failed", {}).items() if n) or "none"
+    console.print(f"{INDENT}failed: {failed}")
+    where = f"{run.get('host', '')} pid {run.get('pid', '')}"
+    console.print(
+        f"{INDENT}run {escape(str(run.get('run', ''))[:SHA_SHOWN])} on {escape(where)}, "
+        f"seen {_ago(run.get('time'), now)}"
+    )
