@@ -75,11 +75,17 @@ class AudioInfo:
 
 @dataclass(frozen=True)
 class Audio:
-    """A decoded clip: `samples` is float32 [N], mono, at `TARGET_RATE_HZ`."""
+    """A decoded clip: `samples` is float32 [N], mono, at `TARGET_RATE_HZ`.
+
+    `codec` names the source's container and encoding as `format/subtype` in libsndfile's words
+    (`WAV/PCM_16`, `FLAC/PCM_24`, `OGG/VORBIS`, `MP3/MPEG_LAYER_III`), or `audioread` for a file
+    only the fallback decoder could open.
+    """
 
     samples: FloatArray
     source_rate_hz: int
     channels: int
+    codec: str = ""
 
     @property
     def duration_s(self) -> float:
@@ -124,7 +130,14 @@ def load_audio(source: Source, limits: AudioLimits, timings_ms: dict[str, float]
     if timings_ms is not None:
         _add_ms(timings_ms, "decode", started, decoded_at)
         _add_ms(timings_ms, "resample", decoded_at, resampled_at)
-    return Audio(samples=samples, source_rate_hz=info.sample_rate_hz, channels=info.channels)
+    return Audio(
+        samples=samples, source_rate_hz=info.sample_rate_hz, channels=info.channels, codec=codec_name(info)
+    )
+
+
+def codec_name(info: AudioInfo) -> str:
+    """`format/subtype` of a probed header (`Audio.codec`)."""
+    return AUDIOREAD_FORMAT if info.format == AUDIOREAD_FORMAT else f"{info.format}/{info.subtype}"
 
 
 def _add_ms(timings_ms: dict[str, float], stage: str, started: float, ended: float) -> None:

@@ -19,6 +19,8 @@ MODEL_ERROR = "model_error"
 BAD_REQUEST = "bad_request"
 OUTPUT_ERROR = "output_error"
 INTERNAL = "internal"
+# Wave 2: detected speech shorter than `min_speech_ms` (pipeline/vad.py).
+NO_SPEECH = "no_speech"
 
 CODES: tuple[str, ...] = (
     NOT_FOUND,
@@ -34,6 +36,7 @@ CODES: tuple[str, ...] = (
     BAD_REQUEST,
     OUTPUT_ERROR,
     INTERNAL,
+    NO_SPEECH,
 )
 
 

@@ -21,10 +21,12 @@ from pipeline import errors
 from pipeline.audio import Audio, load_audio
 from pipeline.errors import VoxmillError
 from pipeline.features import kaldi_fbank, mean_normalized, whisper_log_mel
+from pipeline.quality import clip_stats
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES_BY_OP, TaskResult
 from pipeline.registry import Registry
 from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.settings import AudioLimits
+from pipeline.vad import SpeechCheck, require_speech, shared_detector
 
 WINDOW_FRAMES = 3000  # 30 s of 10 ms frames
 STRIDE_FRAMES = 2600  # 26 s: windows overlap by 4 s
@@ -41,9 +43,9 @@ FloatArray = npt.NDArray[np.float32]
 class Timings:
     """Milliseconds spent per stage of one request.
 
-    Stages partition the request's time: `decode` and `resample` (audio), `log_mel` and
-    `tokenize` (tokenizer features and inference), `fbank` and `embed` (embedder features and
-    inference).
+    Stages partition the request's time: `decode` and `resample` (audio), `speech` (the speech
+    detector) and `stats` (quality statistics), `log_mel` and `tokenize` (tokenizer features and
+    inference), `fbank` and `embed` (embedder features and inference).
     """
 
     stages: dict[str, float] = field(default_factory=dict)
@@ -163,28 +165,63 @@ def run_op(op: str, audio: Audio, sessions: Mapping[str, ModelSession], timings:
     return fields
 
 
+def audio_stats(audio: Audio, speech: SpeechCheck | None, timings: Timings) -> dict[str, Any]:
+    """The clip's quality statistics; with an enabled `speech` check, its detected speech too.
+
+    The detector is this process's (`shared_detector`: loaded on first use, then kept).
+    """
+    speech_s = None
+    if speech is not None and speech.enabled:
+        started = time.perf_counter()
+        speech_s = shared_detector(speech).detect(audio.samples, speech).speech_s
+        timings.add("speech", started)
+    started = time.perf_counter()
+    stats = clip_stats(
+        audio.samples,
+        source_rate_hz=audio.source_rate_hz,
+        channels=audio.channels,
+        codec=audio.codec or None,
+        speech_s=speech_s,
+    )
+    timings.add("stats", started)
+    return stats
+
+
 def run_clip(
     label: str,
     source: str | Path | bytes,
     op: str,
     sessions: Mapping[str, ModelSession],
     limits: AudioLimits,
+    speech: SpeechCheck | None = None,
 ) -> TaskResult:
-    """Decode `source` and run `op`; never raises for bad input: errors come back as data."""
+    """Decode `source` and run `op`; never raises for bad input: errors come back as data.
+
+    Every decoded clip gets `stats`; with an enabled `speech` check, one with less detected
+    speech than `speech.min_speech_ms` is `no_speech` (its stats still come back). Without
+    `speech` no detector runs.
+    """
     models = {role: sessions[role].ref.to_dict() for role in ROLES_BY_OP.get(op, ()) if role in sessions}
     timings = Timings()
+    stats: dict[str, Any] | None = None
     try:
         if op not in ROLES_BY_OP:
             raise VoxmillError(errors.BAD_REQUEST, f"unknown op {op!r}; use tokenize, embed or extract")
         audio = load_audio(source, limits, timings.stages)
+        stats = audio_stats(audio, speech, timings)
+        if speech is not None and speech.enabled:
+            require_speech(float(stats["speech_s"]), audio.duration_s, speech)
         fields = run_op(op, audio, sessions, timings)
     except VoxmillError as exc:
-        return TaskResult(input=label, op=op, models=models, error=exc.to_dict(), timings_ms=timings.stages)
+        return TaskResult(
+            input=label, op=op, models=models, error=exc.to_dict(), timings_ms=timings.stages, stats=stats
+        )
     return TaskResult(
         input=label,
         op=op,
         audio_seconds=round(audio.duration_s, 4),
         models=models,
         timings_ms=timings.stages,
+        stats=stats,
         **fields,
     )

@@ -155,6 +155,9 @@ class TaskResult:
     models: dict[str, dict[str, str]] = field(default_factory=dict)
     error: dict[str, str] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # Wave 2: the clip's quality statistics (pipeline/quality.py `STAT_FIELDS`), also for a clip
+    # refused after decoding (`no_speech`); None when it was never decoded.
+    stats: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -174,4 +177,5 @@ class TaskResult:
             models=dict(data.get("models") or {}),
             error=data.get("error"),
             timings_ms=dict(data.get("timings_ms") or {}),
+            stats=None if data.get("stats") is None else dict(data["stats"]),
         )

@@ -479,6 +479,25 @@ def _session_options(ort: Any, options: SessionOptions, optimise: bool = True) -
     return so
 
 
+def helper_session(path: Path, options: SessionOptions) -> tuple[Any, str]:
+    """A CPU session of a small helper model (the speech detector), and the sha256 it was built from.
+
+    Built as the role models are (`_session_options`: ORT_ENABLE_ALL, the configured intra-op
+    threads, no spinning; the provider named explicitly) from the very file that was hashed. It
+    always runs on the CPU: a 32 ms frame recurrence gains nothing on a GPU.
+    """
+    import onnxruntime as ort
+
+    with PinnedModelFile(path) as pinned:
+        so = _session_options(ort, options)
+        try:
+            session = ort.InferenceSession(pinned.source, sess_options=so, providers=[CPU])
+        except Exception as exc:
+            raise VoxmillError(errors.MODEL_ERROR, _load_failure_message(path, str(exc))) from exc
+        pinned.check_unchanged()
+        return session, pinned.sha256
+
+
 def _build_session(
     ort: Any,
     model: bytes | str,

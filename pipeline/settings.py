@@ -117,6 +117,15 @@ class Settings(BaseSettings):
     max_duration_s: float = _f(AudioLimits.max_duration_s, "Longer clips are too_long, told from the header.")
     min_sample_rate_hz: int = _f(AudioLimits.min_sample_rate_hz, "Lowest sample rate accepted.")
     max_sample_rate_hz: int = _f(AudioLimits.max_sample_rate_hz, "Highest sample rate accepted.")
+    speech_check: bool = _f(
+        True,
+        "Run the speech detector (Silero VAD, vendored) on every clip: its speech seconds go into the "
+        "stats, and a clip with less speech than min_speech_ms is no_speech. false: no detector runs.",
+    )
+    min_speech_ms: float = _f(80.0, "Clips with less detected speech are no_speech.")
+    speech_threshold: float = _f(
+        0.5, "A 32 ms frame is speech when the detector's probability reaches this (Silero's default)."
+    )
     # Workers
     worker_proc_alive_timeout_s: float = _f(
         120.0, "Time a pool process may take to load and warm up its models."
@@ -166,6 +175,13 @@ class Settings(BaseSettings):
     shard_deadline_factor: float = _f(4.0, "See shard_deadline_min_s.")
     local_ready_timeout_s: float = _f(
         120.0, "An embedded run whose local workers have not loaded their models by then stops."
+    )
+    audit_min_token_agreement: float = _f(
+        1.0,
+        "`voxmill audit`: the share of equal tokens each re-extracted utterance must reach (1.0: identical).",
+    )
+    audit_min_cosine: float = _f(
+        0.9999, "`voxmill audit`: the cosine similarity every re-extracted embedding must reach."
     )
     # Watcher
     watch_quiet_s: float = _f(1.0, "A model file is a candidate once unchanged this long...")

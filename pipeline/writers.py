@@ -5,6 +5,12 @@ the spec's order: `utt`, `spk` (string), `audio_seconds` (float64, null on error
 (list<int32>), `embedding` (list<float32>; both null when failed or when the op has no such output),
 `error_code`, `error_message` (string, null on success). The schema metadata key `voxmill.models`
 holds the models used as JSON `{role: {"file", "sha256"}}`.
+Wave 2 columns, all nullable: the clip's quality statistics (`pipeline.quality.STAT_FIELDS`:
+`source_rate_hz`, `source_channels` int32, `source_codec` string, `duration_s`, `speech_s`,
+`speech_ratio`, `rms_dbfs`, `peak_dbfs`, `clipped_fraction` float64; present for every decoded
+clip, `no_speech` ones too), and `tokenizer_sha256`, `embedder_sha256` (string): the sha256 of
+the model that produced the row's tokens / embedding (null when the row has none), so a run
+spanning a hot reload can be split exactly.
 
 Every file is written to `.{name}.tmp-{pid}-{random}` in its own folder, fsynced and renamed over
 the final name, so a file is complete or absent and a redelivered shard simply overwrites identical
@@ -26,7 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import INTERNAL, OUTPUT_ERROR, VoxmillError
-from pipeline.records import ShardSpec, TaskResult
+from pipeline.quality import STAT_FIELDS
+from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, TaskResult
 
 MODELS_METADATA_KEY = b"voxmill.models"
 SHARDS_DIR = "shards"
@@ -47,8 +54,21 @@ SHARD_SCHEMA = pa.schema(
         ("embedding", pa.list_(pa.float32())),
         ("error_code", pa.string()),
         ("error_message", pa.string()),
+        ("source_rate_hz", pa.int32()),
+        ("source_channels", pa.int32()),
+        ("source_codec", pa.string()),
+        ("duration_s", pa.float64()),
+        ("speech_s", pa.float64()),
+        ("speech_ratio", pa.float64()),
+        ("rms_dbfs", pa.float64()),
+        ("peak_dbfs", pa.float64()),
+        ("clipped_fraction", pa.float64()),
+        ("tokenizer_sha256", pa.string()),
+        ("embedder_sha256", pa.string()),
     ]
 )
+STAT_COLUMNS: tuple[str, ...] = STAT_FIELDS
+SHA256_COLUMNS = {ROLE_TOKENIZER: "tokenizer_sha256", ROLE_EMBEDDER: "embedder_sha256"}
 SPEECH_TOKENS_SCHEMA = pa.schema([("utt", pa.string()), ("speech_token", pa.list_(pa.int32()))])
 UTT_EMBEDDINGS_SCHEMA = pa.schema(
     [("utt", pa.string()), ("spk", pa.string()), ("embedding", pa.list_(pa.float32()))]
@@ -139,8 +159,19 @@ def shard_table(spec: ShardSpec, results: Sequence[TaskResult]) -> pa.Table:
         columns["embedding"].append(result.embedding if embeds and not error else None)
         columns["error_code"].append(error.get("code", INTERNAL) if error else None)
         columns["error_message"].append(error.get("message", "") if error else None)
+        stats = result.stats or {}
+        for name in STAT_COLUMNS:
+            columns[name].append(stats.get(name))
+        for role, column in SHA256_COLUMNS.items():
+            produced = tokens if role == ROLE_TOKENIZER else embeds
+            columns[column].append(_sha256_of(result, role) if produced and not error else None)
     metadata = {MODELS_METADATA_KEY: json.dumps(_models_of(results), sort_keys=True).encode()}
     return pa.Table.from_pydict(columns, schema=SHARD_SCHEMA.with_metadata(metadata))
+
+
+def _sha256_of(result: TaskResult, role: str) -> str | None:
+    ref = result.models.get(role)
+    return str(ref["sha256"]) if ref else None
 
 
 def _models_of(results: Iterable[TaskResult]) -> Models:

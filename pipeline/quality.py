@@ -1,0 +1,78 @@
+"""Per-utterance quality statistics, computed on the wave the models see (16 kHz mono float32).
+
+Rules:
+- `rms_dbfs`, `peak_dbfs`: 20 log10 of the RMS and of the largest |sample|, relative to full
+  scale 1.0 (a full-scale square wave is 0 dBFS RMS, a full-scale sine -3.01), floored at
+  `DBFS_FLOOR` so that the value stays a finite number.
+- `clipped_fraction`: the share of samples with |x| >= `CLIP_LEVEL` (0.999 of full scale). It is
+  measured after mixdown and resampling: for a 16 kHz mono source it counts the clipped source
+  samples exactly; for other rates the resampler's ringing moves a few plateau samples below the
+  level, so it reads slightly low.
+- `speech_s`, `speech_ratio`: from the speech detector (pipeline/vad.py), None when it did not run.
+- `source_rate_hz`, `source_channels`, `source_codec`: what the file header said (`Audio`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+CLIP_LEVEL = 0.999
+DBFS_FLOOR = -150.0  # below a 24-bit LSB (-144 dBFS); digital silence reads as this
+RATE_HZ = 16000
+_CHUNK = 1 << 20  # float64 sums chunk by chunk: a 10 min clip never gets a float64 copy
+
+STAT_FIELDS: tuple[str, ...] = (
+    "source_rate_hz",
+    "source_channels",
+    "source_codec",
+    "duration_s",
+    "speech_s",
+    "speech_ratio",
+    "rms_dbfs",
+    "peak_dbfs",
+    "clipped_fraction",
+)
+
+
+def dbfs(amplitude: float) -> float:
+    """20 log10(amplitude) relative to full scale 1.0, floored at `DBFS_FLOOR`, to 0.01 dB."""
+    if amplitude <= 0.0 or not math.isfinite(amplitude):
+        return DBFS_FLOOR
+    return round(max(DBFS_FLOOR, 20.0 * math.log10(amplitude)), 2)
+
+
+def clip_stats(
+    samples: npt.NDArray[np.floating[Any]],
+    *,
+    source_rate_hz: int | None = None,
+    channels: int | None = None,
+    codec: str | None = None,
+    speech_s: float | None = None,
+    rate_hz: int = RATE_HZ,
+) -> dict[str, Any]:
+    """The quality columns of one clip (module docstring), keyed by `STAT_FIELDS`; pure."""
+    wave = np.asarray(samples).reshape(-1)
+    n = int(wave.shape[0])
+    duration_s = n / rate_hz
+    squares = 0.0
+    for start in range(0, n, _CHUNK):
+        chunk = wave[start : start + _CHUNK].astype(np.float64)
+        squares += float(np.dot(chunk, chunk))
+    peak = float(max(wave.max(), -wave.min())) if n else 0.0
+    clipped = int(np.count_nonzero(wave >= CLIP_LEVEL) + np.count_nonzero(wave <= -CLIP_LEVEL))
+    speech = None if speech_s is None else round(min(float(speech_s), duration_s), 4)
+    return {
+        "source_rate_hz": source_rate_hz,
+        "source_channels": channels,
+        "source_codec": codec,
+        "duration_s": round(duration_s, 4),
+        "speech_s": speech,
+        "speech_ratio": None if speech is None or n == 0 else round(speech / duration_s, 4),
+        "rms_dbfs": dbfs(math.sqrt(squares / n)) if n else DBFS_FLOOR,
+        "peak_dbfs": dbfs(peak),
+        "clipped_fraction": clipped / n if n else 0.0,
+    }
