@@ -38,6 +38,7 @@ from pipeline.demo import speechlike
 from pipeline.errors import VoxmillError
 from pipeline.records import TaskResult
 from pipeline.settings import AudioLimits
+from tests import speech_audio
 from tests.conftest import flush_keeping_claim, make_settings, voxmill, wait_for
 from workers.embedded import LocalWorkers
 from workers.keys import QUEUES
@@ -901,3 +902,192 @@ def test_docs_table_matches_this_run(run: Run) -> None:
 def test_the_catalogue_is_at_least_25_cases() -> None:
     assert len(CASES) + len(WIRE_EXPECTED) >= 25
     assert len({c.name for c in CASES}) == len(CASES)
+
+
+# --------------------------------------------------------------------------- the speech check
+#
+# Audio that decodes fine but holds no speech. These cases go through `run_clip` (what every
+# worker task runs) in this process, on the tiny stand-ins, with the speech check a worker builds
+# from the default settings, and once more with `speech_check: false`. Real speech comes from
+# espeak-ng; the cases that need it skip without it.
+
+SPEECH_START, SPEECH_END = "<!-- speech:start -->", "<!-- speech:end -->"
+
+
+@dataclass(frozen=True)
+class SpeechCase:
+    """One clip for the speech check: how it is made (from espeak-ng's speech, when it needs it)."""
+
+    name: str
+    title: str
+    wave: Callable[[np.ndarray], np.ndarray]
+    code: str
+    fragment: str = ""
+    needs_speech: bool = False
+
+
+SPEECH_CASES: list[SpeechCase] = [
+    SpeechCase(
+        "silence_dither",
+        "silence: 2 s of +-1 LSB 16-bit dither (about -95 dBFS; not all zero)",
+        lambda s: speech_audio.dither(),
+        "no_speech",
+        "detected speech is 0 ms of a 2.00 s clip",
+    ),
+    SpeechCase(
+        "hum_50hz",
+        "hum: 50 Hz with its 3rd harmonic, 2 s at -13 dBFS",
+        lambda s: speech_audio.hum(),
+        "no_speech",
+        "detected speech is 0 ms",
+    ),
+    SpeechCase(
+        "tone_1khz",
+        "pure tone: 1 kHz sine, 2 s at -9 dBFS",
+        lambda s: speech_audio.tone(),
+        "no_speech",
+        "detected speech is 0 ms",
+    ),
+    SpeechCase(
+        "white_noise",
+        "white noise, 2 s at -20 dBFS",
+        lambda s: speech_audio.white_noise(),
+        "no_speech",
+        "detected speech is 0 ms",
+    ),
+    SpeechCase(
+        "single_click",
+        "a single click: one sample at 0.9 in 2 s of digital silence",
+        lambda s: speech_audio.click(),
+        "no_speech",
+        "detected speech is 0 ms",
+    ),
+    SpeechCase(
+        "speechlike_1s",
+        "voxmill's synthetic speech-like test clip (`pipeline.demo.speechlike`, 1 s at 120 Hz)",
+        lambda s: speech(),
+        "no_speech",
+        "at least 80 ms is needed",
+    ),
+    SpeechCase(
+        "speech_burst_60ms",
+        "60 ms of speech (espeak-ng) in 2 s of digital silence",
+        lambda s: speech_audio.burst(s, 60),
+        "no_speech",
+        "at least 80 ms is needed",
+        needs_speech=True,
+    ),
+    SpeechCase(
+        "speech_clean", "synthetic speech (espeak-ng, one sentence)", lambda s: s, OK, needs_speech=True
+    ),
+    SpeechCase(
+        "speech_noise_0db",
+        "speech under loud noise: white noise as loud as the speech (0 dB SNR)",
+        lambda s: speech_audio.with_noise(s, 0.0),
+        OK,
+        needs_speech=True,
+    ),
+    SpeechCase(
+        "speech_noise_minus20db",
+        "speech drowned: white noise 20 dB above the speech (-20 dB SNR)",
+        lambda s: speech_audio.with_noise(s, -20.0),
+        "no_speech",
+        "detected speech is",
+        needs_speech=True,
+    ),
+]
+
+
+@dataclass
+class SpeechSeen:
+    """A speech case's result with the check on, and its code with the check off."""
+
+    on: TaskResult
+    off_code: str
+
+    @property
+    def code(self) -> str:
+        return self.on.error["code"] if self.on.error else OK
+
+
+@pytest.fixture(scope="module")
+def speech_run(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> dict[str, SpeechSeen]:
+    from pipeline.inference import open_session, run_clip
+    from pipeline.registry import Registry
+    from pipeline.sessions import SessionOptions
+    from pipeline.settings import Settings
+    from pipeline.vad import SpeechCheck
+
+    folder = tmp_path_factory.mktemp("speech-cases")
+    registry = Registry.load()
+    sessions = {
+        role: open_session(registry.find_model(role, tiny_models), role, SessionOptions(), registry)
+        for role in ("tokenizer", "embedder")
+    }
+    check = SpeechCheck.from_settings(Settings())
+    off = SpeechCheck.from_settings(Settings(speech_check=False))
+    voice = speech_audio.espeak_wave() if speech_audio.ESPEAK else None
+    seen: dict[str, SpeechSeen] = {}
+    for case in SPEECH_CASES:
+        if case.needs_speech and voice is None:
+            continue
+        path = folder / f"{case.name}.wav"
+        sf.write(path, case.wave(voice if voice is not None else np.zeros(0)), RATE, subtype="PCM_16")
+        on = run_clip(case.name, path, "extract", sessions, AudioLimits(), check)
+        without = run_clip(case.name, path, "extract", sessions, AudioLimits(), off)
+        seen[case.name] = SpeechSeen(on, without.error["code"] if without.error else OK)
+    return seen
+
+
+@pytest.mark.parametrize("case", SPEECH_CASES, ids=[c.name for c in SPEECH_CASES])
+def test_speech_case(case: SpeechCase, speech_run: dict[str, SpeechSeen]) -> None:
+    if case.name not in speech_run:
+        pytest.skip(speech_audio.NO_ESPEAK)
+    seen = speech_run[case.name]
+    message = seen.on.error["message"] if seen.on.error else ""
+    assert seen.code == case.code, f"{case.name}: {seen.code}: {message} ({seen.on.stats})"
+    assert case.fragment in message
+    assert seen.on.stats is not None and seen.on.stats["speech_s"] is not None
+    assert seen.off_code == OK  # with the check off every one of them gets features
+
+
+def speech_rows(seen: dict[str, SpeechSeen]) -> list[tuple[str, str, str, str, str]]:
+    rows = []
+    for case in SPEECH_CASES:
+        got = seen[case.name]
+        stats = got.on.stats or {}
+        message = (
+            got.on.error["message"] if got.on.error else f"accepted: {stats.get('duration_s'):g} s decoded"
+        )
+        detected = f"{stats.get('speech_s', 0.0):.3f} s of {stats.get('duration_s', 0.0):.2f} s"
+        rows.append((case.title, got.code, message, detected, got.off_code))
+    return rows
+
+
+def render_speech_table(rows: list[tuple[str, str, str, str, str]]) -> str:
+    lines = [
+        "| input | code | message | speech detected | with `speech_check: false` |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        cells = [cell.replace("|", "\\|") for cell in row]
+        cells[1], cells[4] = f"`{cells[1]}`", f"`{cells[4]}`"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def test_docs_speech_table_matches_this_run(speech_run: dict[str, SpeechSeen]) -> None:
+    """docs/bad-input.md's speech-check table lists every case with the code it really gets."""
+    if len(speech_run) < len(SPEECH_CASES):
+        pytest.skip(speech_audio.NO_ESPEAK)
+    rows = speech_rows(speech_run)
+    if os.environ.get(UPDATE_DOC_ENV):
+        text = DOC.read_text()
+        head, rest = text.split(SPEECH_START, 1)
+        tail = rest.split(SPEECH_END, 1)[1]
+        DOC.write_text(f"{head}{SPEECH_START}\n{render_speech_table(rows)}\n{SPEECH_END}{tail}")
+    block = DOC.read_text().split(SPEECH_START, 1)[1].split(SPEECH_END, 1)[0]
+    documented = [line[2:].split(" | ") for line in block.splitlines() if line.startswith("| ")][2:]
+    assert [(cells[0], cells[1].strip("`")) for cells in documented] == [(r[0], r[1]) for r in rows], (
+        f"docs/bad-input.md is out of date; regenerate: {UPDATE_DOC_ENV}=1 pytest {Path(__file__).name}"
+    )
