@@ -1,15 +1,21 @@
 """Merging a run's shard files into the outputs of `voxmill extract` (DESIGN.md, "Output of
 extract"): `speech_tokens.parquet`, `utt_embeddings.parquet`, `spk_embeddings.parquet`,
-`errors.jsonl` and `report.json`, each written atomically (`pipeline.writers`).
+`errors.jsonl` and `report.json`, each written under a temporary name and renamed.
 
-Apart from the shard files, because workers only write shards: they import `pipeline.writers`
-at start, and never Arrow's compute functions, which only the merge needs.
+The merge streams: it takes the plan's shards in order (every op's file of shard k, then k + 1),
+writes the feature files row group by row group (`buffer_rows` rows at a time) and the errors
+line by line, and keeps per speaker a running sum of its embeddings, so its memory depends on
+`buffer_rows` and the number of speakers, not on the size of the corpus. Rows follow the plan,
+which is the listing's order; a plan puts each utterance in one shard, so each (utt, op) is
+counted once. `report.json` is written last: once it exists, the outputs are whole.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline.errors import OUTPUT_ERROR, VoxmillError
 from pipeline.records import OPS, ShardSpec
@@ -25,7 +32,6 @@ from pipeline.writers import (
     EMBEDDING_OPS,
     ERRORS_FILE,
     REPORT_FILE,
-    SHARD_SCHEMA,
     SPEECH_TOKENS_FILE,
     SPEECH_TOKENS_SCHEMA,
     SPK_EMBEDDINGS_FILE,
@@ -33,6 +39,7 @@ from pipeline.writers import (
     TOKEN_OPS,
     UTT_EMBEDDINGS_FILE,
     UTT_EMBEDDINGS_SCHEMA,
+    atomic_file,
     read_shard,
     shard_models,
     shard_path,
@@ -40,140 +47,245 @@ from pipeline.writers import (
     write_text,
 )
 
+DEFAULT_BUFFER_ROWS = 65536
+
+
+class _TableSink:
+    """One output parquet file, written row group by row group into its temporary file."""
+
+    def __init__(self, stack: contextlib.ExitStack, path: Path, schema: pa.Schema, buffer_rows: int) -> None:
+        self.schema = schema
+        self.buffer_rows = buffer_rows
+        self._writer = pq.ParquetWriter(stack.enter_context(atomic_file(path)), schema)
+        self._pending: list[pa.Table] = []
+        self._rows = 0
+        self._closed = False
+        stack.callback(self._close_writer)  # runs before the temporary file is kept or removed
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._pending.append(table.cast(self.schema))
+            self._rows += table.num_rows
+        if self._rows >= self.buffer_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending))
+        self._pending, self._rows = [], 0
+
+    def close(self) -> None:
+        """Write what is left and the file's footer (the rename follows when the merge succeeds)."""
+        self._flush()
+        self._close_writer()
+
+    def _close_writer(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._writer.close()
+
 
 @dataclass
-class _Merged:
-    """What `merge_outputs` gathers from the shard files: kept rows as Arrow tables, per op."""
+class _SpeakerSums:
+    """Per speaker, in order of first appearance: the float64 sum of its embeddings and their count."""
 
-    tables: dict[str, list[pa.Table]] = field(default_factory=dict)
-    errors: list[dict[str, str]] = field(default_factory=list)
+    sums: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, spks: Sequence[str], vectors: npt.NDArray[np.float32]) -> None:
+        for spk, vector in zip(spks, vectors.astype(np.float64), strict=True):
+            if spk in self.sums:
+                self.sums[spk] += vector
+                self.counts[spk] += 1
+            else:
+                self.sums[spk] = vector.copy()
+                self.counts[spk] = 1
+
+    def table(self) -> pa.Table:
+        spks = list(self.sums)
+        counts = np.array([self.counts[s] for s in spks], dtype=np.int64)
+        dim = len(next(iter(self.sums.values()))) if spks else 0
+        sums = np.array([self.sums[s] for s in spks], dtype=np.float64).reshape(len(spks), dim)
+        means = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(means.reshape(-1), type=pa.float32()), dim)
+        columns = {"spk": spks, "embedding": vectors.cast(pa.list_(pa.float32())), "num_utts": counts}
+        return pa.Table.from_pydict(columns, schema=SPK_EMBEDDINGS_SCHEMA)
+
+
+@dataclass
+class _Tally:
+    """What report.json counts, as the shards stream by."""
+
+    ops: list[str] = field(default_factory=list)
+    utterances: int = 0
+    audio_seconds: float = 0.0
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    seen: dict[str, set[str]] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    utts: dict[str, None] = field(default_factory=dict)
     model_votes: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def rows(self, op: str) -> pa.Table:
-        """The kept rows of `op`, in merge order (no schema metadata)."""
-        tables = self.tables.get(op) or [SHARD_SCHEMA.empty_table()]
-        return pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
+    def add(self, op: str, table: pa.Table) -> None:
+        codes = table.column("error_code")
+        counts = self.counts.setdefault(op, {"ok": 0, "failed": 0})
+        counts["ok"] += codes.null_count
+        counts["failed"] += len(codes) - codes.null_count
+        for role, ref in shard_models(table).items():
+            key = json.dumps(ref, sort_keys=True)
+            votes = self.model_votes.setdefault(role, {})
+            votes[key] = votes.get(key, 0) + 1
+
+    def report(self) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            "utterances": self.utterances,
+            "audio_seconds": round(self.audio_seconds, 6),
+            "wall_seconds": 0.0,
+            "ops": {op: dict(self.counts.get(op, {"ok": 0, "failed": 0})) for op in self.ops},
+            "models": {},
+        }
+        mixed: dict[str, list[dict[str, Any]]] = {}
+        for role, votes in self.model_votes.items():
+            ranked = sorted(votes.items(), key=lambda kv: -kv[1])  # stable: first seen wins ties
+            report["models"][role] = json.loads(ranked[0][0])
+            if len(ranked) > 1:
+                mixed[role] = [{**json.loads(key), "shards": n} for key, n in ranked]
+        if mixed:
+            report["models_mixed"] = mixed
+        return report
+
+
+class _Outputs:
+    """The files one merge writes, opened once the first shard says which ops ran."""
+
+    def __init__(self, out_dir: Path, stack: contextlib.ExitStack, buffer_rows: int) -> None:
+        self.out_dir = out_dir
+        self.stack = stack
+        self.buffer_rows = buffer_rows
+        self.errors = io.TextIOWrapper(
+            stack.enter_context(atomic_file(out_dir / ERRORS_FILE)), encoding="utf-8"
+        )
+        self.tokens: _TableSink | None = None
+        self.embeddings: _TableSink | None = None
+        self.token_op = self.embed_op = ""
+        self.speakers = _SpeakerSums()
+
+    def open_for(self, ops: Sequence[str]) -> None:
+        """The first op (in canonical order) that makes tokens writes the token file; likewise embeddings."""
+        if self.token_op or self.embed_op:
+            return
+        self.token_op = next((op for op in ops if op in TOKEN_OPS), "")
+        self.embed_op = next((op for op in ops if op in EMBEDDING_OPS), "")
+        if self.token_op:
+            path = self.out_dir / SPEECH_TOKENS_FILE
+            self.tokens = _TableSink(self.stack, path, SPEECH_TOKENS_SCHEMA, self.buffer_rows)
+        if self.embed_op:
+            path = self.out_dir / UTT_EMBEDDINGS_FILE
+            self.embeddings = _TableSink(self.stack, path, UTT_EMBEDDINGS_SCHEMA, self.buffer_rows)
+
+    def add(self, op: str, ok: pa.Table) -> None:
+        """The succeeded rows of one op's shard file."""
+        if op == self.token_op and self.tokens is not None:
+            self.tokens.add(ok.select(SPEECH_TOKENS_SCHEMA.names))
+        if op == self.embed_op and self.embeddings is not None:
+            rows = ok.select(UTT_EMBEDDINGS_SCHEMA.names)
+            self.embeddings.add(rows)
+            self.speakers.add(rows.column("spk").to_pylist(), _matrix(rows.column("embedding")))
+
+    def close(self) -> None:
+        for sink in (self.tokens, self.embeddings):
+            if sink is not None:
+                sink.close()
+        self.errors.flush()
+        self.errors.detach()  # the binary stream is committed by the stack
 
 
 def merge_outputs(
     out_dir: Path,
-    specs: list[ShardSpec],
+    specs: Iterable[ShardSpec],
     report_extra: dict[str, Any],
-    utt_order: Sequence[str] | None = None,
+    buffer_rows: int = DEFAULT_BUFFER_ROWS,
 ) -> dict[str, Any]:
-    """Merge the shard files of `specs` into the contract's outputs in `out_dir`; returns the report.
+    """Merge the shard files of `specs` (the plan's, in shard order) into the outputs; the report.
 
     Writes `speech_tokens.parquet` (ops tokenize/extract), `utt_embeddings.parquet` and
-    `spk_embeddings.parquet` (ops embed/extract), `errors.jsonl` and, last, `report.json`. Rows
-    follow `utt_order` (the corpus order) when given, else the specs sorted by shard (ops within a
-    shard in the order of `OPS`), then position; each (utt, op) counts once even if it appears in
-    more than one shard. A missing shard file is `VoxmillError("output_error")`. Features stay in
-    Arrow columns throughout, so a corpus of millions of utterances merges in bounded memory.
+    `spk_embeddings.parquet` (ops embed/extract), `errors.jsonl` and, last, `report.json`. A
+    missing shard file, or one whose rows are not its shard's utterances, is
+    `VoxmillError("output_error")` and leaves the outputs as they were.
     """
     out_dir = Path(out_dir)
-    ordered = sorted(specs, key=_spec_order)
-    merged = _Merged()
-    for spec in ordered:
-        path = shard_path(out_dir, spec.op, spec.shard)
-        _merge_shard(merged, spec, path, read_shard(path))
-    ops = list(dict.fromkeys(spec.op for spec in ordered))
-    rank = _ranker(utt_order)
-    _write_feature_files(out_dir, merged, ops, rank)
-    if utt_order is not None:
-        order = {utt: index for index, utt in enumerate(utt_order)}
-        merged.errors.sort(key=lambda e: order.get(e["utt"], len(order)))
-    errors = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in merged.errors)
-    write_text(out_dir / ERRORS_FILE, errors)
-    report = _report(merged, ops)
+    tally = _Tally()
+    with contextlib.ExitStack() as stack:
+        outputs = _Outputs(out_dir, stack, buffer_rows)
+        for shard_specs in _by_shard(specs):
+            outputs.open_for([spec.op for spec in shard_specs])
+            _merge_shard(out_dir, shard_specs, tally, outputs)
+        outputs.open_for(tally.ops)
+        outputs.close()
+    if outputs.embeddings is not None:
+        write_parquet(out_dir / SPK_EMBEDDINGS_FILE, outputs.speakers.table())
+    report = tally.report()
     report.update(report_extra)
     write_text(out_dir / REPORT_FILE, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
 
 
-def _spec_order(spec: ShardSpec) -> tuple[int, int, str]:
-    """Merge order: by shard, then ops in their canonical order (tokenize, embed, extract)."""
-    rank = OPS.index(spec.op) if spec.op in OPS else len(OPS)
-    return spec.shard, rank, spec.op
+def _by_shard(specs: Iterable[ShardSpec]) -> Iterator[list[ShardSpec]]:
+    """Consecutive specs of one shard together, ops in their canonical order."""
+    group: list[ShardSpec] = []
+    for spec in specs:
+        if group and spec.shard != group[0].shard:
+            yield sorted(group, key=_op_rank)
+            group = []
+        group.append(spec)
+    if group:
+        yield sorted(group, key=_op_rank)
 
 
-def _ranker(utt_order: Sequence[str] | None) -> Callable[[pa.Table], pa.Table]:
-    """A function putting a table's rows in corpus order (rows of unknown utts last, stably)."""
-    if utt_order is None:
-        return lambda table: table
-    order = pa.array(list(utt_order), type=pa.string())
-
-    def rank(table: pa.Table) -> pa.Table:
-        positions = pc.fill_null(pc.index_in(table.column("utt"), value_set=order), len(order))
-        return table.take(pc.sort_indices(positions, sort_keys=[("", "ascending")]))
-
-    return rank
+def _op_rank(spec: ShardSpec) -> int:
+    return OPS.index(spec.op) if spec.op in OPS else len(OPS)
 
 
-def _merge_shard(merged: _Merged, spec: ShardSpec, path: Path, table: pa.Table) -> None:
-    """Fold one shard file into `merged`, skipping (utt, op) pairs seen in an earlier shard."""
-    utts = table.column("utt").to_pylist()
-    present = set(utts)
-    for utt in spec.utts:
-        merged.utts.setdefault(utt.utt)
-        if utt.utt not in present:
-            raise VoxmillError(
-                OUTPUT_ERROR, f"shard file {path} has no row for utt {utt.utt!r} (written by another plan?)"
-            )
-    seen = merged.seen.setdefault(spec.op, set())
-    keep = [utt not in seen for utt in utts]
-    seen.update(utts)
-    kept = table.filter(pa.array(keep, type=pa.bool_())) if not all(keep) else table
-    merged.tables.setdefault(spec.op, []).append(kept)
-    _count_rows(merged, spec.op, kept)
-    for role, ref in shard_models(table).items():
-        key = json.dumps(ref, sort_keys=True)
-        votes = merged.model_votes.setdefault(role, {})
-        votes[key] = votes.get(key, 0) + 1
+def _merge_shard(out_dir: Path, specs: list[ShardSpec], tally: _Tally, outputs: _Outputs) -> None:
+    """Fold one shard (every op's file of it) into the outputs."""
+    utts = [u.utt for u in specs[0].utts]
+    seconds: list[float | None] = [None] * len(utts)
+    failures: list[list[dict[str, str]]] = [[] for _ in utts]
+    for spec in specs:
+        path = shard_path(out_dir, spec.op, spec.shard)
+        table = read_shard(path)
+        _check_rows(path, spec, table)
+        if spec.op not in tally.ops:
+            tally.ops.append(spec.op)
+        tally.add(spec.op, table)
+        for index, value in enumerate(table.column("audio_seconds").to_pylist()):
+            if seconds[index] is None and value is not None:
+                seconds[index] = float(value)
+        codes = table.column("error_code")
+        if codes.null_count < len(codes):
+            messages = table.column("error_message").to_pylist()
+            for index, code in enumerate(codes.to_pylist()):
+                if code is not None:
+                    failure = {
+                        "utt": utts[index],
+                        "op": spec.op,
+                        "code": code,
+                        "message": messages[index] or "",
+                    }
+                    failures[index].append(failure)
+        outputs.add(spec.op, table.filter(pc.is_null(codes)))
+    tally.utterances += len(utts)
+    tally.audio_seconds += sum(s for s in seconds if s is not None)
+    for found in failures:  # by utterance, then op: what a sort of the errors by corpus order gives
+        for failure in found:
+            outputs.errors.write(json.dumps(failure, ensure_ascii=False) + "\n")
 
 
-def _count_rows(merged: _Merged, op: str, kept: pa.Table) -> None:
-    """Counts, audio seconds and error records of a shard's kept rows."""
-    codes = kept.column("error_code")
-    counts = merged.counts.setdefault(op, {"ok": 0, "failed": 0})
-    counts["ok"] += codes.null_count
-    counts["failed"] += len(codes) - codes.null_count
-    for utt, seconds in zip(
-        kept.column("utt").to_pylist(), kept.column("audio_seconds").to_pylist(), strict=True
-    ):
-        if seconds is not None:
-            merged.seconds.setdefault(utt, float(seconds))
-    if len(codes) > codes.null_count:
-        failed = kept.filter(pc.is_valid(codes)).select(["utt", "error_code", "error_message"])
-        for row in failed.to_pylist():
-            message = row["error_message"] or ""
-            merged.errors.append({"utt": row["utt"], "op": op, "code": row["error_code"], "message": message})
-
-
-def _write_feature_files(
-    out_dir: Path, merged: _Merged, ops: Sequence[str], rank: Callable[[pa.Table], pa.Table]
-) -> None:
-    """Write the parquet outputs of the ops that ran, from the rows that succeeded."""
-    token_op = next((op for op in ops if op in TOKEN_OPS), None)
-    if token_op is not None:
-        ok = _succeeded(merged.rows(token_op))
-        write_parquet(
-            out_dir / SPEECH_TOKENS_FILE,
-            rank(ok.select(SPEECH_TOKENS_SCHEMA.names)).cast(SPEECH_TOKENS_SCHEMA),
-        )
-    embed_op = next((op for op in ops if op in EMBEDDING_OPS), None)
-    if embed_op is not None:
-        ok = rank(_succeeded(merged.rows(embed_op)).select(UTT_EMBEDDINGS_SCHEMA.names))
-        write_parquet(out_dir / UTT_EMBEDDINGS_FILE, ok.cast(UTT_EMBEDDINGS_SCHEMA))
-        vectors = _matrix(ok.column("embedding"))
-        write_parquet(out_dir / SPK_EMBEDDINGS_FILE, speaker_means(ok.column("spk").to_pylist(), vectors))
-
-
-def _succeeded(table: pa.Table) -> pa.Table:
-    return table.filter(pc.is_null(table.column("error_code")))
+def _check_rows(path: Path, spec: ShardSpec, table: pa.Table) -> None:
+    """A shard file holds its shard's utterances, in order (a file of another plan does not)."""
+    listed = table.column("utt").to_pylist()
+    wanted = [u.utt for u in spec.utts]
+    if listed != wanted:
+        present = set(listed)
+        missing = next((utt for utt in wanted if utt not in present), None)
+        what = f"no row for utt {missing!r}" if missing else "its rows in another order"
+        raise VoxmillError(OUTPUT_ERROR, f"shard file {path} has {what} (written by another plan?)")
 
 
 def _matrix(column: pa.ChunkedArray) -> npt.NDArray[np.float32]:
@@ -190,33 +302,6 @@ def speaker_means(spks: Sequence[str], embeddings: npt.NDArray[np.floating[Any]]
     `spks[i]` is the speaker of row `embeddings[i]` ([rows, dim]); the mean is taken in float64
     and stored as float32.
     """
-    codes: dict[str, int] = {}
-    index = np.fromiter((codes.setdefault(spk, len(codes)) for spk in spks), dtype=np.int64, count=len(spks))
-    counts = np.bincount(index, minlength=len(codes))
-    dim = embeddings.shape[1] if embeddings.ndim == 2 else 0
-    sums = np.zeros((len(codes), dim), dtype=np.float64)
-    np.add.at(sums, index, embeddings.astype(np.float64))
-    means = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
-    vectors = pa.FixedSizeListArray.from_arrays(pa.array(means.reshape(-1), type=pa.float32()), dim)
-    columns = {"spk": list(codes), "embedding": vectors.cast(pa.list_(pa.float32())), "num_utts": counts}
-    return pa.Table.from_pydict(columns, schema=SPK_EMBEDDINGS_SCHEMA)
-
-
-def _report(merged: _Merged, ops: Sequence[str]) -> dict[str, Any]:
-    """The contract's report.json fields (wall_seconds 0.0 until the caller's extra replaces it)."""
-    report: dict[str, Any] = {
-        "utterances": len(merged.utts),
-        "audio_seconds": round(sum(merged.seconds.values()), 6),
-        "wall_seconds": 0.0,
-        "ops": {op: dict(merged.counts.get(op, {"ok": 0, "failed": 0})) for op in ops},
-        "models": {},
-    }
-    mixed: dict[str, list[dict[str, Any]]] = {}
-    for role, votes in merged.model_votes.items():
-        ranked = sorted(votes.items(), key=lambda kv: -kv[1])  # stable: first seen wins ties
-        report["models"][role] = json.loads(ranked[0][0])
-        if len(ranked) > 1:
-            mixed[role] = [{**json.loads(key), "shards": n} for key, n in ranked]
-    if mixed:
-        report["models_mixed"] = mixed
-    return report
+    sums = _SpeakerSums()
+    sums.add(spks, np.asarray(embeddings, dtype=np.float32))
+    return sums.table()

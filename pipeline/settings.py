@@ -173,6 +173,10 @@ class Settings(BaseSettings):
         60.0, "A shard not done within max(this, factor x the median shard time) is submitted again."
     )
     shard_deadline_factor: float = _f(4.0, "See shard_deadline_min_s.")
+    merge_buffer_rows: int = _f(
+        65536,
+        "Rows the merge gathers before writing them to an output file: its memory, whatever the corpus.",
+    )
     local_ready_timeout_s: float = _f(
         120.0, "An embedded run whose local workers have not loaded their models by then stops."
     )

@@ -24,7 +24,7 @@ import contextlib
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -83,17 +83,19 @@ Models = dict[str, dict[str, str]]
 # --------------------------------------------------------------------------- atomic files
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write `path` complete or not at all: temp file in the same folder, fsync, `os.replace`.
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[IO[bytes]]:
+    """A stream whose bytes become `path` complete or not at all: a temporary file in the same
+    folder, fsynced and renamed over `path` when the block ends without an exception.
 
-    Any OS or Arrow failure (disk full, unwritable folder) becomes `VoxmillError("output_error")`
-    and the temporary file is removed.
+    Any OS or Arrow failure (disk full, unwritable folder) becomes `VoxmillError("output_error")`;
+    the temporary file is removed whatever ended the block.
     """
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as stream:
-            write(stream)
+            yield stream
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(tmp, path)
@@ -102,7 +104,17 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
             tmp.unlink()
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise VoxmillError(OUTPUT_ERROR, f"cannot write {path}: {reason}") from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     _fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write `path` complete or not at all (`atomic_file`) with `write(stream)`."""
+    with atomic_file(path) as stream:
+        write(stream)
 
 
 def write_parquet(path: Path, table: pa.Table) -> None:

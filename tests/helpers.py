@@ -37,7 +37,7 @@ def read_outputs(out_dir: Path) -> dict[str, object]:
             outputs[name] = pq.read_table(out_dir / name).to_pylist()
     outputs["errors.jsonl"] = sorted((out_dir / "errors.jsonl").read_text().splitlines())
     report = json.loads((out_dir / "report.json").read_text())
-    for volatile in ("wall_seconds", "resubmitted_shards"):
+    for volatile in ("wall_seconds", "resubmitted_shards", "plan_fingerprint"):
         report.pop(volatile, None)
     outputs["report.json"] = report
     return outputs

@@ -787,10 +787,11 @@ def corpus_outcomes(out: Path) -> dict[tuple[str, str], str]:
 def test_a_corpus_shard_mixing_bad_and_good_files(run: Run) -> None:
     assert run.corpus_exit == 0, run.corpus_stderr
     assert run.corpus_out is not None
-    plan = json.loads((run.corpus_out / "plan.json").read_text())
-    shards = plan["shards"]
+    from workers.corpus.plan import PlanReader
+
+    shards = list(PlanReader(run.corpus_out).specs())
     assert len(shards) == 2  # one shard per op holds every file, bad and good
-    assert {u["utt"] for u in shards[0]["utts"]} >= set(GOOD_UTTS) | {"fifo", "two_gb", "missing"}
+    assert {u.utt for u in shards[0].utts} >= set(GOOD_UTTS) | {"fifo", "two_gb", "missing"}
     outcomes = corpus_outcomes(run.corpus_out)
     expected = {(utt, op): OK for utt in GOOD_UTTS for op in ("tokenize", "embed")}
     for case in CASES:

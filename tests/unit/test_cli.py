@@ -55,7 +55,7 @@ def test_extract_on_a_broker_that_never_answered_fails_at_once(tmp_path: Path) -
         "extract", str(corpus), "--out", str(out), env={"VOXMILL_BROKER_URL": "redis://127.0.0.1:1/0"}
     )
     assert done.returncode == 2 and "cannot reach the broker at redis://127.0.0.1:1/0" in done.stderr
-    assert not (out / "plan.json").exists()
+    assert not (out / "plan").exists()
 
 
 def test_every_option_and_argument_explains_itself() -> None:

@@ -1,18 +1,15 @@
-"""Corpus readers (Kaldi dir, JSONL manifest, folder), duration probing and shard planning."""
+"""Corpus listings (Kaldi dir, JSONL manifest, folder) read as streams, and shard cutting."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-import soundfile as sf
 
-from pipeline.corpus import CorpusError, plan_fingerprint, plan_shards, probe_durations, read_corpus
+from pipeline.corpus import CorpusError, CorpusListing, ShardCutter, check_ops, read_corpus, shard_digest
 from pipeline.errors import BAD_REQUEST, VoxmillError
 from pipeline.records import Utterance
-from pipeline.settings import AudioLimits
 
 
 def _write(path: Path, text: str) -> Path:
@@ -205,52 +202,64 @@ def test_folder_without_audio_and_missing_source(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- durations
 
 
-def test_probe_durations_reads_headers_and_leaves_none_on_failure(tmp_path: Path) -> None:
-    sf.write(tmp_path / "a.wav", np.zeros(24000, dtype=np.float32) + 0.1, 16000)
-    sf.write(tmp_path / "b.flac", np.zeros(22050 * 2, dtype=np.float32) + 0.1, 22050)
-    _write(tmp_path / "broken.wav", "not audio")
-    utts = [
-        Utterance("a", str(tmp_path / "a.wav")),
-        Utterance("b", str(tmp_path / "b.flac")),
-        Utterance("c", str(tmp_path / "broken.wav")),
-        Utterance("d", str(tmp_path / "missing.wav")),
-    ]
-    probed = probe_durations(utts, AudioLimits())
-    assert [u.duration_s for u in probed] == [1.5, 2.0, None, None]
-    assert [u.utt for u in probed] == ["a", "b", "c", "d"]
-    assert probe_durations(utts[:1], AudioLimits(max_duration_s=1.0))[0].duration_s is None
+def test_kaldi_utt2dur_and_manifest_durations_are_taken_from_the_listing(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "a /x/a.wav\nb /x/b.wav\n")
+    _write(tmp_path / "utt2dur", "a 1.5\n")
+    listing = CorpusListing(tmp_path)
+    assert [u.duration_s for u in listing] == [1.5, None] and listing.durations_listed
+    manifest = _write(tmp_path / "m.jsonl", '{"utt": "a", "path": "/a.wav", "duration": 2.25}\n')
+    assert [u.duration_s for u in read_corpus(manifest)] == [2.25]
+
+
+def test_listing_opens_no_audio(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "a /nonexistent/a.wav\n")
+    assert read_corpus(tmp_path)[0].duration_s is None  # nothing probed: no header was read
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def test_sorted_side_files_are_joined_holding_nothing_aside(tmp_path: Path) -> None:
+    count = 2000
+    _write(tmp_path / "wav.scp", "".join(f"u{i:05d} /x/{i}.wav\n" for i in range(count)))
+    _write(tmp_path / "utt2spk", "".join(f"u{i:05d} s{i % 7}\n" for i in range(0, count, 2)))
+    listing = CorpusListing(tmp_path)
+    held = 0
+    for utt in listing:
+        sides = [g for g in vars(listing).values()]  # the listing's state while it streams
+        held = max(held, len(sides))
+        assert utt.spk == (f"s{int(utt.utt[1:]) % 7}" if int(utt.utt[1:]) % 2 == 0 else utt.utt)
+    listing.raise_problems()
+    assert listing.count == count
+
+
+def test_unsorted_side_files_still_join(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "c /x/c.wav\na /x/a.wav\nb /x/b.wav\n")
+    _write(tmp_path / "utt2spk", "b sb\nc sc\na sa\n")
+    assert [(u.utt, u.spk) for u in read_corpus(tmp_path)] == [("c", "sc"), ("a", "sa"), ("b", "sb")]
+
+
+def test_a_listing_problem_is_raised_after_the_stream(tmp_path: Path) -> None:
+    _write(tmp_path / "wav.scp", "a /x/a.wav\nb /x/b.wav\na /x/c.wav\n")
+    listing = CorpusListing(tmp_path)
+    assert [u.utt for u in listing] == ["a", "b", "a"]  # streamed on...
+    with pytest.raises(CorpusError, match="line 3: duplicate utt 'a' \\(first on line 1\\)"):
+        listing.raise_problems()  # ...and refused once the whole listing was read
 
 
 # --------------------------------------------------------------------------- planning
 
 
-def _utts(durations: list[float | None]) -> list[Utterance]:
-    return [Utterance(f"u{i}", f"/d/u{i}.wav", duration_s=d) for i, d in enumerate(durations)]
+def _utts(count: int) -> list[Utterance]:
+    return [Utterance(f"u{i}", f"/d/u{i}.wav") for i in range(count)]
 
 
-def test_plan_groups_similar_lengths_with_unknown_last() -> None:
-    utts = _utts([5.0, None, 1.0, 3.0, 1.0, 9.0, 2.0])
-    specs = plan_shards(utts, ["tokenize"], "/out", shard_size=3)
-    assert [s.shard for s in specs] == [0, 1, 2]
-    assert [[u.utt for u in s.utts] for s in specs] == [["u2", "u4", "u6"], ["u3", "u0", "u5"], ["u1"]]
-    assert all(s.out_dir == "/out" and s.op == "tokenize" for s in specs)
-
-
-def test_plan_shares_shard_numbers_across_ops() -> None:
-    utts = _utts([float(i % 4) for i in range(10)])
-    specs = plan_shards(utts, ["tokenize", "embed"], "/out", shard_size=4)
-    assert [(s.shard, s.op, len(s.utts)) for s in specs] == [
-        (0, "tokenize", 4),
-        (0, "embed", 4),
-        (1, "tokenize", 4),
-        (1, "embed", 4),
-        (2, "tokenize", 2),
-        (2, "embed", 2),
-    ]
-    for shard in range(3):
-        pair = [s for s in specs if s.shard == shard]
-        assert pair[0].utts == pair[1].utts
-    assert sorted(u.utt for s in specs if s.op == "embed" for u in s.utts) == sorted(u.utt for u in utts)
+def test_shards_are_cut_in_listing_order_by_count() -> None:
+    cutter = ShardCutter(shard_size=3)
+    shards = [cut for u in _utts(7) if (cut := cutter.add(u)) is not None]
+    shards.append(cutter.rest() or [])
+    assert [[u.utt for u in s] for s in shards] == [["u0", "u1", "u2"], ["u3", "u4", "u5"], ["u6"]]
+    assert cutter.next_shard == 3 and cutter.rest() is None
 
 
 @pytest.mark.parametrize(
@@ -258,26 +267,20 @@ def test_plan_shares_shard_numbers_across_ops() -> None:
 )
 def test_plan_refuses_bad_arguments(ops: list[str], size: int) -> None:
     with pytest.raises(VoxmillError) as caught:
-        plan_shards(_utts([1.0]), ops, "/out", size)
+        check_ops(ops, size)
     assert caught.value.code == BAD_REQUEST
 
 
-def test_plan_of_no_utterances_is_empty() -> None:
-    assert plan_shards([], ["embed"], "/out", 8) == []
-
-
-def test_fingerprint_is_stable_and_changes_with_input() -> None:
-    utts = _utts([1.0, 2.0])
-    base = plan_fingerprint(utts, ["tokenize"], 32)
-    assert base == plan_fingerprint(_utts([7.0, None]), ["tokenize"], 32)  # durations do not count
-    assert len(base) == 64
+def test_shard_digest_is_stable_and_changes_with_input() -> None:
+    utts = _utts(2)
+    base = shard_digest(utts)
+    assert base == shard_digest(_utts(2)) and len(base) == 64
+    assert base == shard_digest([u.copy_with(duration_s=7.0) for u in utts])  # durations do not count
     changed = [
-        plan_fingerprint(utts, ["embed"], 32),
-        plan_fingerprint(utts, ["tokenize"], 16),
-        plan_fingerprint(utts[:1], ["tokenize"], 32),
-        plan_fingerprint([utts[0].copy_with(path="/other.wav"), utts[1]], ["tokenize"], 32),
-        plan_fingerprint([utts[0].copy_with(spk="s"), utts[1]], ["tokenize"], 32),
-        plan_fingerprint([utts[0].copy_with(text="t"), utts[1]], ["tokenize"], 32),
-        plan_fingerprint(utts[::-1], ["tokenize"], 32),
+        shard_digest(utts[:1]),
+        shard_digest([utts[0].copy_with(path="/other.wav"), utts[1]]),
+        shard_digest([utts[0].copy_with(spk="s"), utts[1]]),
+        shard_digest([utts[0].copy_with(text="t"), utts[1]]),
+        shard_digest(utts[::-1]),
     ]
     assert base not in changed and len(set(changed)) == len(changed)

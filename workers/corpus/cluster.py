@@ -13,14 +13,13 @@ which raises `RunError` when it cannot); and it tells it to `stop` once every sh
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import VoxmillError
-from pipeline.records import ROLES_BY_OP, Utterance
+from pipeline.records import ROLES_BY_OP
 from pipeline.registry import Registry
 from pipeline.settings import Settings
 from workers.corpus.plan import RunError
@@ -69,11 +68,13 @@ class EmbeddedCluster:
     """An embedded Redis and `workers` local worker processes for one run."""
 
     def __init__(
-        self, settings: Settings, utts: Sequence[Utterance], out_dir: Path, ops: Sequence[str], workers: int
+        self, settings: Settings, folders: Sequence[Path], out_dir: Path, ops: Sequence[str], workers: int
     ) -> None:
+        """`folders`: where the corpus's audio is (`pipeline.corpus.corpus_folders`): the run's own
+        workers may read there, as the person running it chose those files."""
         check_models(settings, ops)
         self.redis = EmbeddedRedis()
-        roots = (*settings.allowed_roots, *corpus_roots(utts, out_dir))
+        roots = (*settings.allowed_roots, *folders, out_dir.resolve())
         self.settings = settings.model_copy(update={"broker_url": self.redis.url, "allowed_roots": roots})
         self.workers = LocalWorkers(
             self.settings, workers, queues=list(ops), log_path=out_dir / "workers.log"
@@ -120,20 +121,6 @@ class EmbeddedCluster:
 
 
 Cluster = RemoteCluster | EmbeddedCluster
-
-
-def corpus_roots(utts: Sequence[Utterance], out_dir: Path, limit: int = 64) -> list[Path]:
-    """The folders an embedded run's workers must be allowed to read (and the output folder)."""
-    folders = sorted({Path(u.path).parent for u in utts})
-    if len(folders) > limit:
-        common = Path(os.path.commonpath([str(f) for f in folders]))
-        if len(common.parts) > 2:  # never collapse to "/" or a top-level folder such as /home
-            folders = [common]
-    minimal: list[Path] = []
-    for folder in folders:
-        if not any(folder == m or m in folder.parents for m in minimal):
-            minimal.append(folder)
-    return [*minimal, out_dir.resolve()]
 
 
 def check_models(settings: Settings, ops: Sequence[str]) -> None:

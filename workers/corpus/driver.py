@@ -1,26 +1,29 @@
 """The corpus driver behind `voxmill extract`: submit a plan's shards and follow them to the end.
 
-The ledger is on disk in the output folder: `plan.json` (the shards, fixed for the run; see
-`workers.corpus.plan`) and `shards/{op}-{shard:06d}.parquet` (one file per finished shard,
-complete or absent). A shard is done when its file exists, whatever happened to Redis or to its
-task. Its task announces it once, on the run's channel, with its counts; the driver listens, and
-every round it also looks for the files of the shards in flight, so a lost announcement costs at
-most `tuning.SHARD_LOOK_S`. A shard whose file has not appeared within its deadline (a few times the
-median shard time, at least a minute) is submitted again; a duplicate run of a shard rewrites
-identical data under the same name, and the merge reads each shard file once, so no utterance is
-ever counted twice.
+The ledger is on disk in the output folder: the plan (`DIR/plan/`, written as the listing streams
+by; see `workers.corpus.plan`) and `shards/{op}-{shard:06d}.parquet` (one file per finished
+shard, complete or absent). A shard is done when its file exists, whatever happened to Redis or
+to its task. Its task announces it once, on the run's channel, with its counts; the driver
+listens, and every round it also looks for the files of the shards in flight, so a lost
+announcement costs at most `tuning.SHARD_LOOK_S`. A shard whose file has not appeared within its
+deadline (a few times the median shard time, at least a minute) is submitted again; a duplicate
+run of a shard rewrites identical data under the same name, and the merge reads each shard file
+once, so no utterance is ever counted twice.
 
 The driver owns its loop: every round it asks its cluster whether the work can go on
-(`Cluster.check`) and how many workers are ready (the window of shards in flight).
+(`Cluster.check`) and how many workers are ready (the window of shards in flight), and takes the
+next shards of the plan as the planner writes them. It keeps state for the shards in flight
+only; the shards done before it started are the names in `DIR/shards/`, read once.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +34,10 @@ from kombu.exceptions import OperationalError
 
 from pipeline.records import ShardResult, ShardSpec
 from pipeline.settings import Settings
-from pipeline.writers import shard_counts, shard_path
+from pipeline.writers import SHARDS_DIR, shard_counts, shard_path
 from workers import keys, tuning
 from workers.corpus.cluster import Cluster
-from workers.corpus.plan import Plan, RunError
+from workers.corpus.plan import Planner, PlanReader, RunError
 from workers.corpus.progress import ProgressView
 from workers.queue import connections
 from workers.queue.app import SHARD_TASK
@@ -52,27 +55,25 @@ class InFlight:
 
 @dataclass
 class Ledger:
-    """The driver's view of every shard: done, in flight, or waiting."""
+    """The driver's view of the run: the shards in flight, the ones found done, the recent times."""
 
     out_dir: Path
-    specs: list[ShardSpec]
-    done: dict[str, dict[str, Any]] = field(default_factory=dict)
     inflight: dict[str, InFlight] = field(default_factory=dict)
+    done_before: set[str] = field(default_factory=set)  # shard file names found at start
     durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=tuning.RECENT_SHARDS))
+    done: int = 0
+    done_now: int = 0
     resubmitted: int = 0
-
-    def waiting(self) -> list[ShardSpec]:
-        return [s for s in self.specs if s.name not in self.done and s.name not in self.inflight]
 
     def file_of(self, spec: ShardSpec) -> Path:
         return shard_path(self.out_dir, spec.op, spec.shard)
 
     def scan_finished(self) -> None:
-        """Mark as done every shard whose file exists (a resumed run, or one finished meanwhile)."""
-        for spec in self.specs:
-            if spec.name not in self.done and self.file_of(spec).exists():
-                ok, failed = shard_counts(self.file_of(spec))
-                self.done[spec.name] = {"ok": ok, "failed": failed}
+        """The shard files already there (a resumed run): one listing of the folder."""
+        folder = self.out_dir / SHARDS_DIR
+        if folder.is_dir():
+            with os.scandir(folder) as entries:
+                self.done_before = {e.name for e in entries if e.name.endswith(".parquet") and e.is_file()}
 
     def deadline_s(self, minimum_s: float, factor: float) -> float:
         if not self.durations_s:
@@ -80,26 +81,24 @@ class Ledger:
         return max(minimum_s, factor * statistics.median(self.durations_s))
 
 
-def longest_first(specs: Sequence[ShardSpec]) -> list[ShardSpec]:
-    """Shards by decreasing audio seconds (ties keep plan order): the plan groups clips by length,
-    so in plan order the run would end on its longest shard with the other workers idle. The
-    merge still follows the plan, so outputs do not depend on this order."""
-    return sorted(specs, key=lambda s: -s.audio_s)
-
-
 class CorpusDriver:
     """Submits the shards of a plan to a cluster and follows them until every shard file exists."""
 
-    def __init__(self, app: Celery, cluster: Cluster, plan: Plan, out_dir: Path, view: ProgressView) -> None:
+    def __init__(
+        self, app: Celery, cluster: Cluster, planner: Planner, out_dir: Path, view: ProgressView
+    ) -> None:
         self.app = app
         self.cluster = cluster
         self.settings: Settings = cluster.settings
-        self.plan = plan
+        self.planner = planner
         self.view = view
-        self.ledger = Ledger(out_dir, longest_first(plan.specs))
+        self.ledger = Ledger(out_dir)
         self.redis = connections.broker_client(self.settings, socket_timeout=5, socket_connect_timeout=5)
-        self.channel = keys.SHARDS_DONE_CHANNEL.format(run=plan.run)
         self.announcements = ResultWakeups(self.redis)
+        self._specs: Iterator[ShardSpec] = PlanReader(out_dir, planner).specs()
+        self._taken = 0  # shards (all ops of each) taken from the plan so far
+        self._next: ShardSpec | None = None
+        self._plan_read = False
         self._redis_down_since: float | None = None
         self._window_size = 4
         self._window_read_at = -tuning.WINDOW_REFRESH_S
@@ -107,31 +106,27 @@ class CorpusDriver:
     def run(self) -> None:
         """Until every shard file exists: keep a window of shards in flight, resubmit late ones."""
         self.ledger.scan_finished()
-        by_name = {spec.name: spec for spec in self.ledger.specs}
-        for name, value in self.ledger.done.items():
-            self._count(by_name[name], value)
-        self.view.counts.resumed()
         announced: list[ShardResult] = []
         try:
             while not self._all_done():
-                if not self.announcements.listening:  # before looking: no announcement falls in between
-                    self.announcements.follow([self.channel])
+                if not self.announcements.listening and self.planner.header is not None:
+                    # Before looking: no announcement falls in between.
+                    self.announcements.follow([keys.SHARDS_DONE_CHANNEL.format(run=self.planner.header.run)])
                 try:
                     self._step(announced)
                     self._redis_down_since = None
                 except (redis.RedisError, OperationalError, OSError) as exc:
                     self._broker_trouble(exc)
-                self.view.update()
+                self._show_progress()
                 if not self._all_done():  # the last shard seen: on to the merge at once
-                    announced = [
-                        _shard_result(data) for _, data in self.announcements.wait(tuning.SHARD_LOOK_S)
-                    ]
+                    heard = self.announcements.wait(tuning.SHARD_LOOK_S if self._plan_read else 0.05)
+                    announced = [_shard_result(data) for _, data in heard]
         finally:
             self.announcements.close()
             self.redis.close()
 
     def _all_done(self) -> bool:
-        return len(self.ledger.done) >= len(self.ledger.specs)
+        return self._plan_read and not self.ledger.inflight
 
     def _broker_trouble(self, exc: Exception) -> None:
         now = time.monotonic()
@@ -141,12 +136,32 @@ class CorpusDriver:
         time.sleep(min(5.0, 0.5 + (now - self._redis_down_since) / 4))
 
     def _step(self, announced: list[ShardResult]) -> None:
+        if self.planner.error is not None:
+            raise self.planner.error
         self.cluster.check(self.redis)
         self._collect(announced)
         window = self._window()
-        for spec in self.ledger.waiting()[: max(0, window - len(self.ledger.inflight))]:
-            self._submit(spec)
+        while len(self.ledger.inflight) < window and (spec := self._peek()) is not None:
+            if shard_path(self.ledger.out_dir, spec.op, spec.shard).name in self.ledger.done_before:
+                self._count_done(spec, None, resumed=True)
+            else:
+                self._submit(spec)  # a broker outage raises here: the spec stays next
+            self._consume()
         self._resubmit_late()
+
+    def _peek(self) -> ShardSpec | None:
+        """The plan's next (shard, op), if the planner has written it; None when none is ready."""
+        if self._next is None and not self._plan_read:
+            if not (self.planner.done or self._taken < self.planner.planned):
+                return None
+            self._next = next(self._specs, None)
+            self._plan_read = self._next is None
+        return self._next
+
+    def _consume(self) -> None:
+        if self._next is not None and self._next.op == self.planner.ops[-1]:
+            self._taken += 1
+        self._next = None
 
     def _window(self) -> int:
         """How many shards to keep in flight: twice the ready worker processes, at least 4."""
@@ -174,20 +189,11 @@ class CorpusDriver:
             reported[result.name] = result
         for name, item in list(self.ledger.inflight.items()):
             if self.ledger.file_of(item.spec).exists():
-                self._finish(name, item, reported.get(name))
+                del self.ledger.inflight[name]
+                self.ledger.durations_s.append(time.monotonic() - item.submitted)
+                self._count_done(item.spec, reported.get(name))
             elif name in reported:  # announced, yet no file: do it again
                 self._resubmit(item)
-
-    def _finish(self, name: str, item: InFlight, result: ShardResult | None) -> None:
-        del self.ledger.inflight[name]
-        if result is None:
-            ok, failed = shard_counts(self.ledger.file_of(item.spec))
-            value = {"ok": ok, "failed": failed}
-        else:
-            value = {"ok": result.ok, "failed": result.failed}
-        self.ledger.done[name] = value
-        self.ledger.durations_s.append(time.monotonic() - item.submitted)
-        self._count(item.spec, value)
 
     def _resubmit_late(self) -> None:
         """Submit again every shard past its deadline; each new attempt waits twice as long."""
@@ -206,12 +212,27 @@ class CorpusDriver:
         self.ledger.resubmitted += 1
         self._submit(item.spec, item.attempts + 1)
 
-    def _count(self, spec: ShardSpec, value: dict[str, Any]) -> None:
-        """Add one finished shard to the progress counts."""
+    def _count_done(self, spec: ShardSpec, result: ShardResult | None, resumed: bool = False) -> None:
+        """Add one finished shard to the progress counts (a resumed one: its utterances only)."""
+        self.ledger.done += 1
         counts = self.view.counts
         counts.units_done += len(spec.utts)
-        counts.audio_done_s += spec.audio_s
-        counts.failed[spec.op] = counts.failed.get(spec.op, 0) + int(value.get("failed", 0))
+        if resumed:
+            counts.units_resumed += len(spec.utts)
+            return
+        self.ledger.done_now += 1
+        if result is None:  # its announcement was lost: the file has the counts
+            ok, failed = shard_counts(self.ledger.file_of(spec))
+            result = ShardResult(spec.shard, spec.op, "", ok, failed, spec.audio_s, 0.0)
+        counts.audio_done_s += result.audio_seconds
+        counts.failed[spec.op] = counts.failed.get(spec.op, 0) + result.failed
+
+    def _show_progress(self) -> None:
+        counts = self.view.counts
+        if self.planner.done and self.planner.error is None:
+            counts.units_total = self.planner.utterances * len(self.planner.ops)
+            counts.audio_total_s = self.planner.listed_audio_s
+        self.view.update()
 
 
 def _shard_result(data: Any) -> ShardResult:

@@ -1,9 +1,20 @@
-"""The plan of a `voxmill extract` run: its shards, fixed for the run, in `plan.json`.
+"""The plan of a `voxmill extract` run: its shards, written as the corpus listing streams by.
 
-`load_or_make_plan` is the one way to a plan: a resume reuses the plan of the same corpus, ops
-and shard size; a folder holding another run's plan is refused; otherwise the durations are
-probed (file headers, nothing decoded), the shards cut and `plan.json` written. Light on purpose
-(no Celery, no Arrow, no audio code until durations are probed).
+`DIR/plan/` holds it, in files that are each written once, complete or absent:
+
+- `header.json`: the input, the ops, the shard size asked for and the one used, the run's name;
+- `chunk-NNNNNN.parquet`: the utterances of `SHARDS_PER_CHUNK` consecutive shards (shard, utt,
+  path, spk, text, listed duration) and, in its metadata, each shard's digest;
+- `complete.json`: written once the whole listing was read without a problem: the counts and the
+  fingerprint (the header's fields and every shard's digest).
+
+A `Planner` reads the listing in a thread, cuts it into shards by count in listing order
+(`pipeline.corpus.ShardCutter`), and writes chunk after chunk; the driver takes the shards of the
+chunks written so far (`PlanReader`), so the first shards go out while the rest of the listing
+is still being read. Shard k is always the same utterances for the same listing, so a resume
+plans again and compares each shard's digest with the one on disk: a different corpus in the
+same folder is refused at its first differing shard; a listing fixed after a late problem
+resumes. Nothing here opens an audio file.
 """
 
 from __future__ import annotations
@@ -11,67 +22,61 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.corpus import auto_shard_size, plan_fingerprint, plan_shards, probe_durations, read_corpus
+from pipeline.corpus import CorpusError, CorpusListing, ShardCutter, auto_shard_size, check_ops, shard_digest
 from pipeline.errors import VoxmillError
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
 
-PLAN_FILE = "plan.json"
+PLAN_DIR = "plan"
+HEADER_FILE = "header.json"
+COMPLETE_FILE = "complete.json"
+OLD_PLAN_FILE = "plan.json"
 LOCK_FILE = ".lock"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+SHARDS_PER_CHUNK = 256
+DIGESTS_KEY = b"voxmill.shard_digests"
+SHARDS_PER_WORKER = 6  # a small corpus is cut so that every worker process gets this many shards
 
 
 class RunError(Exception):
     """The run cannot go on (bad input, output not writable, a different run in the folder)."""
 
 
-@dataclass
-class Plan:
-    """What `plan.json` holds. `run` names the run on the broker (its shards' announcements)."""
+@dataclass(frozen=True)
+class PlanHeader:
+    """What `header.json` holds: what the run is, before any shard is known."""
 
-    fingerprint: str
     source: str
     ops: list[str]
+    requested_shard_size: int
     shard_size: int
-    specs: list[ShardSpec]
-    order: list[str] = field(default_factory=list)
-    run: str = ""
+    run: str
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": PLAN_VERSION,
-            "fingerprint": self.fingerprint,
             "input": self.source,
             "ops": self.ops,
+            "requested_shard_size": self.requested_shard_size,
             "shard_size": self.shard_size,
             "run": self.run,
-            "order": self.order,
-            "shards": [spec.to_dict() for spec in self.specs],
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
+    def from_dict(cls, data: dict[str, Any]) -> PlanHeader:
         return cls(
-            fingerprint=data["fingerprint"],
-            source=data["input"],
-            ops=list(data["ops"]),
-            shard_size=int(data["shard_size"]),
-            specs=[ShardSpec.from_dict(s) for s in data["shards"]],
-            order=list(data.get("order", [])),
-            run=str(data.get("run") or ""),
+            str(data["input"]),
+            list(data["ops"]),
+            int(data["requested_shard_size"]),
+            int(data["shard_size"]),
+            str(data["run"]),
         )
-
-    def utterances(self) -> list[Utterance]:
-        seen: dict[str, Utterance] = {}
-        for spec in self.specs:
-            for utt in spec.utts:
-                seen.setdefault(utt.utt, utt)
-        return list(seen.values())
 
 
 def lock_output(out_dir: Path) -> IO[str]:
@@ -86,62 +91,276 @@ def lock_output(out_dir: Path) -> IO[str]:
     return handle
 
 
-def read_utterances(source: Path) -> list[Utterance]:
-    """The corpus at `source` (`RunError` when it is unreadable or empty)."""
-    try:
-        utts = read_corpus(source)
-    except VoxmillError as exc:
-        raise RunError(exc.message) from None
-    if not utts:
-        raise RunError(f"{source} holds no utterances")
-    return utts
+def run_id(out_dir: Path, source: Path, ops: Sequence[str], shard_size: int) -> str:
+    """The run's name on the broker: its output folder and what it extracts, so no two runs share one."""
+    text = json.dumps([str(out_dir.resolve()), str(source), list(ops), shard_size])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def run_id(out_dir: Path, fingerprint: str) -> str:
-    """The run's name on the broker: its output folder and corpus, so no two runs share one."""
-    return hashlib.sha256(f"{out_dir.resolve()}\n{fingerprint}".encode()).hexdigest()[:16]
+def different_run(out_dir: Path) -> RunError:
+    return RunError(
+        f"{out_dir} holds a run of a different corpus, ops or shard size; "
+        "use another --out folder, or delete this one to start over"
+    )
 
 
-def load_or_make_plan(
-    utts: list[Utterance],
-    source: Path,
-    out_dir: Path,
-    ops: Sequence[str],
-    shard_size: int,
-    settings: Settings,
-    workers: int | None = None,
-) -> Plan:
-    """The plan in `out_dir` when it describes this run (a resume), else a new one, written.
+class Planner:
+    """Plans a run in a thread: reads the listing, writes (or, resuming, checks) its chunks.
 
-    `RunError` when `out_dir` holds another run's plan. `shard_size` 0 is automatic:
-    `settings.shard_size`, or smaller so that `workers` processes (when known) get several shards
-    each (`auto_shard_size`). The fingerprint uses the requested shard size (the settings' for
-    automatic), so a resume reuses the plan whatever the number of workers.
+    `wait_for(shards)` blocks until that many shards are planned (or the plan is done); `error`
+    is the `RunError` that ended the planning, if any (a listing problem, another run's plan).
     """
-    fingerprint = plan_fingerprint(utts, ops, shard_size or settings.shard_size)
-    plan_file = out_dir / PLAN_FILE
-    if plan_file.exists():
-        existing = Plan.from_dict(json.loads(plan_file.read_text()))
-        if existing.fingerprint != fingerprint:
-            raise RunError(
-                f"{out_dir} holds a run of a different corpus, ops or shard size; "
-                "use another --out folder, or delete this one to start over"
-            )
-        run = run_id(out_dir, fingerprint)  # plans written before runs were named get one too
-        existing.specs = [replace(spec, run=run) for spec in existing.specs]
-        existing.run = run
-        return existing
-    size = shard_size
-    if not size:
-        size = auto_shard_size(len(utts), workers, settings.shard_size) if workers else settings.shard_size
-    from pipeline.writers import write_text  # Arrow: imported once the workers are on their way
 
-    run = run_id(out_dir, fingerprint)
-    timed = probe_durations(utts, settings.audio_limits)
-    specs = [replace(spec, run=run) for spec in plan_shards(timed, ops, str(out_dir.resolve()), size)]
-    plan = Plan(fingerprint, str(source), list(ops), size, specs, [u.utt for u in utts], run)
-    try:
-        write_text(plan_file, json.dumps(plan.to_dict()))
-    except VoxmillError as exc:
-        raise RunError(exc.message) from None
-    return plan
+    def __init__(
+        self,
+        source: Path,
+        out_dir: Path,
+        ops: Sequence[str],
+        shard_size: int,
+        settings: Settings,
+        workers: int | None,
+    ) -> None:
+        requested = shard_size or settings.shard_size
+        check_ops(ops, requested)
+        self.source = source
+        self.out_dir = out_dir
+        self.folder = out_dir / PLAN_DIR
+        self.ops = list(ops)
+        self.requested = requested
+        self.fixed_size = shard_size
+        self.workers = workers
+        self.header: PlanHeader | None = self._existing_header()
+        self.planned = 0  # shards whose chunk is on disk
+        self.utterances = 0
+        self.listed_audio_s: float | None = None
+        self.fingerprint = ""
+        self.done = False
+        self.error: RunError | None = None
+        self._buffered: list[Utterance] = []  # read ahead to choose the shard size
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._plan, name="voxmill-planner", daemon=True)
+
+    def _existing_header(self) -> PlanHeader | None:
+        if (self.out_dir / OLD_PLAN_FILE).exists():
+            raise RunError(
+                f"{self.out_dir} holds a run of an earlier voxmill (plan.json); finish it with that "
+                "version, or delete the folder to start over"
+            )
+        header_file = self.folder / HEADER_FILE
+        if not header_file.exists():
+            return None
+        header = PlanHeader.from_dict(json.loads(header_file.read_text()))
+        if header.ops != self.ops or header.requested_shard_size != self.requested:
+            raise different_run(self.out_dir)
+        return header
+
+    def start(self) -> Planner:
+        self._thread.start()
+        return self
+
+    def wait_for(self, shards: int, timeout_s: float) -> None:
+        """Until `shards` shards are planned, the plan is done, or `timeout_s` passed."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.planned >= shards or self.done, timeout_s)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    # -- the planning thread -------------------------------------------------------------------
+    def _plan(self) -> None:
+        try:
+            self._read_and_write()
+        except RunError as exc:
+            self.error = exc
+        except CorpusError as exc:
+            self.error = RunError(exc.message)
+        except VoxmillError as exc:  # output_error writing a chunk
+            self.error = RunError(exc.message)
+        except OSError as exc:
+            self.error = RunError(f"cannot write the plan in {self.folder}: {exc.strerror or exc}")
+        finally:
+            with self._changed:
+                self.done = True
+                self._changed.notify_all()
+
+    def _read_and_write(self) -> None:
+        listing = CorpusListing(self.source)
+        utts = iter(listing)
+        header = self.header or self._new_header(utts)
+        cutter = ShardCutter(header.shard_size)
+        chunk: list[list[Utterance]] = []
+        # What the outputs depend on: not the folder (nor the run's name, made from it).
+        essentials = {k: v for k, v in header.to_dict().items() if k != "run"}
+        fingerprint = hashlib.sha256(json.dumps(essentials, sort_keys=True).encode())
+        listed_s = 0.0
+        for utt in _chain(self._buffered, utts):
+            listed_s += utt.duration_s or 0.0
+            shard = cutter.add(utt)
+            if shard is not None:
+                chunk.append(shard)
+                if len(chunk) == SHARDS_PER_CHUNK:
+                    self._write_chunk(header, chunk, fingerprint)
+                    chunk = []
+        last = cutter.rest()
+        if last is not None:
+            chunk.append(last)
+        if chunk:
+            self._write_chunk(header, chunk, fingerprint)
+        listing.raise_problems()
+        if listing.count == 0:
+            raise RunError(f"{self.source} holds no utterances")
+        self.utterances = listing.count
+        self.listed_audio_s = listed_s if listing.durations_listed else None
+        self.fingerprint = fingerprint.hexdigest()
+        self._write_complete()
+
+    def _new_header(self, utts: Iterator[Utterance]) -> PlanHeader:
+        """The shard size: fixed, or (automatic) the settings', fewer when the whole corpus is so
+        small that the workers would get fewer than six shards each (read ahead to know)."""
+        size = self.fixed_size or self.requested
+        if not self.fixed_size and self.workers:
+            enough = self.workers * SHARDS_PER_WORKER * self.requested
+            for utt in utts:
+                self._buffered.append(utt)
+                if len(self._buffered) >= enough:
+                    break
+            if len(self._buffered) < enough:
+                size = auto_shard_size(len(self._buffered), self.workers, self.requested, SHARDS_PER_WORKER)
+        header = PlanHeader(
+            str(self.source),
+            self.ops,
+            self.requested,
+            size,
+            run_id(self.out_dir, self.source, self.ops, self.requested),
+        )
+        from pipeline.writers import write_text
+
+        write_text(self.folder / HEADER_FILE, json.dumps(header.to_dict(), indent=1) + "\n")
+        self.header = header
+        return header
+
+    def _write_chunk(self, header: PlanHeader, shards: list[list[Utterance]], fingerprint: Any) -> None:
+        first = self.planned
+        digests = [shard_digest(utts) for utts in shards]
+        for digest in digests:
+            fingerprint.update(digest.encode())
+        path = self.folder / chunk_name(first // SHARDS_PER_CHUNK)
+        if path.exists():
+            if read_chunk_digests(path) != digests:
+                raise different_run(self.out_dir)
+        else:
+            write_chunk(path, first, shards, digests)
+        with self._changed:
+            self.planned = first + len(shards)
+            self._changed.notify_all()
+
+    def _write_complete(self) -> None:
+        from pipeline.writers import write_text
+
+        record = {
+            "shards": self.planned,
+            "utterances": self.utterances,
+            "listed_audio_seconds": self.listed_audio_s,
+            "fingerprint": self.fingerprint,
+        }
+        path = self.folder / COMPLETE_FILE
+        if path.exists():
+            if json.loads(path.read_text()).get("fingerprint") != self.fingerprint:
+                raise different_run(self.out_dir)
+            return
+        write_text(path, json.dumps(record, indent=1) + "\n")
+
+
+def _chain(first: list[Utterance], rest: Iterator[Utterance]) -> Iterator[Utterance]:
+    yield from first
+    yield from rest
+
+
+def chunk_name(number: int) -> str:
+    return f"chunk-{number:06d}.parquet"
+
+
+def write_chunk(path: Path, first_shard: int, shards: list[list[Utterance]], digests: list[str]) -> None:
+    import pyarrow as pa
+
+    from pipeline.writers import write_parquet
+
+    rows = [(first_shard + i, u) for i, utts in enumerate(shards) for u in utts]
+    table = pa.table(
+        {
+            "shard": pa.array([shard for shard, _ in rows], pa.int32()),
+            "utt": pa.array([u.utt for _, u in rows], pa.string()),
+            "path": pa.array([u.path for _, u in rows], pa.string()),
+            "spk": pa.array([u.spk for _, u in rows], pa.string()),
+            "text": pa.array([u.text for _, u in rows], pa.string()),
+            "duration_s": pa.array([u.duration_s for _, u in rows], pa.float64()),
+        }
+    )
+    write_parquet(path, table.replace_schema_metadata({DIGESTS_KEY: json.dumps(digests).encode()}))
+
+
+def read_chunk_digests(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_schema(path).metadata or {}
+    return list(json.loads(metadata.get(DIGESTS_KEY, b"[]")))
+
+
+def read_chunk(path: Path) -> Iterator[tuple[int, list[Utterance]]]:
+    """(shard, utterances) of one chunk file, in shard order."""
+    import pyarrow.parquet as pq
+
+    columns = pq.read_table(path).to_pydict()
+    current, utts = -1, list[Utterance]()
+    for shard, utt, audio, spk, text, seconds in zip(
+        columns["shard"],
+        columns["utt"],
+        columns["path"],
+        columns["spk"],
+        columns["text"],
+        columns["duration_s"],
+        strict=True,
+    ):
+        if shard != current and utts:
+            yield current, utts
+            utts = []
+        current = shard
+        utts.append(Utterance(utt, audio, spk, text, seconds))
+    if utts:
+        yield current, utts
+
+
+class PlanReader:
+    """The shards of a plan in shard order, read chunk by chunk (one chunk in memory at a time);
+    with a running `Planner`, it waits at the frontier for the next chunk."""
+
+    def __init__(self, out_dir: Path, planner: Planner | None = None) -> None:
+        self.folder = out_dir / PLAN_DIR
+        self.out_dir = out_dir
+        self.planner = planner
+
+    def header(self) -> PlanHeader:
+        if self.planner is not None and self.planner.header is not None:
+            return self.planner.header
+        return PlanHeader.from_dict(json.loads((self.folder / HEADER_FILE).read_text()))
+
+    def shards(self) -> Iterator[tuple[int, list[Utterance]]]:
+        number = 0
+        while True:
+            if self.planner is not None:
+                self.planner.wait_for((number + 1) * SHARDS_PER_CHUNK, timeout_s=3600)
+                if self.planner.error is not None:
+                    raise self.planner.error
+            path = self.folder / chunk_name(number)
+            if not path.exists():
+                return
+            yield from read_chunk(path)
+            number += 1
+
+    def specs(self) -> Iterator[ShardSpec]:
+        """Every (shard, op) task of the plan, shard by shard, ops in the plan's order."""
+        header = self.header()
+        out = str(self.out_dir.resolve())
+        for shard, utts in self.shards():
+            for op in header.ops:
+                yield ShardSpec(shard=shard, op=op, out_dir=out, utts=utts, run=header.run)

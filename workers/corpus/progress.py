@@ -25,38 +25,40 @@ def audio_amount(seconds: float) -> str:
 class Counts:
     """What a run has done so far: work units (utterance x op), audio seconds, failures per op.
 
-    Shards already done when the run started (a resume) count as done, not towards its speed.
+    The totals are known once the listing has been read (the audio total only when the listing
+    gives durations); the audio done is what the workers measured in this run. Shards an earlier
+    run did count as done, not towards this run's speed.
     """
 
-    units_total: int
-    audio_total_s: float
     n_ops: int
+    units_total: int | None = None
+    audio_total_s: float | None = None
     units_done: int = 0
+    units_resumed: int = 0
     audio_done_s: float = 0.0
     failed: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
-    resumed_audio_s: float = 0.0
-
-    def resumed(self) -> None:
-        """What is counted so far was done by an earlier run."""
-        self.resumed_audio_s = self.audio_done_s
-        self.started = time.monotonic()
 
     def rtf(self) -> float:
         """Audio seconds processed in this run per wall second (real-time factor)."""
         elapsed = time.monotonic() - self.started
-        done_now = (self.audio_done_s - self.resumed_audio_s) / max(self.n_ops, 1)
-        return done_now / elapsed if elapsed > 0 else 0.0
+        return (self.audio_done_s / max(self.n_ops, 1)) / elapsed if elapsed > 0 else 0.0
 
     def line(self) -> str:
         n_ops = max(self.n_ops, 1)
-        utts = f"{self.units_done // n_ops}/{self.units_total // n_ops} utterances"
-        audio = f"{audio_amount(self.audio_done_s / n_ops)} of {audio_amount(self.audio_total_s)} audio"
-        parts = [utts, audio]
-        if self.audio_done_s > self.resumed_audio_s:
-            parts.append(f"{self.rtf():.1f}x real time")
+        total = "…" if self.units_total is None else str(self.units_total // n_ops)
+        parts = [f"{self.units_done // n_ops}/{total} utterances"]
+        if self.audio_done_s > 0:
+            audio = audio_amount(self.audio_done_s / n_ops)
+            of = f" of {audio_amount(self.audio_total_s)}" if self.audio_total_s else ""
+            parts += [f"{audio}{of} audio", f"{self.rtf():.1f}x real time"]
+        elif self.audio_total_s:
+            parts.append(f"{audio_amount(self.audio_total_s)} audio")
         failed = ", ".join(f"{n} {op}" for op, n in self.failed.items() if n)
-        parts.append(f"failed: {failed}" if failed else "none failed")
+        if self.units_resumed and self.units_resumed == self.units_done and not failed:
+            parts.append("all done by an earlier run")
+        else:
+            parts.append(f"failed: {failed}" if failed else "none failed")
         return ", ".join(parts)
 
 
@@ -83,12 +85,17 @@ class ProgressView:
                 transient=False,
             )
             self._progress.start()
-            self._task = self._progress.add_task("extract", total=self.counts.units_total, summary="")
+            self._task = self._progress.add_task("extract", total=None, summary="")
         return self
 
     def update(self) -> None:
         if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, completed=self.counts.units_done, summary=self.counts.line())
+            self._progress.update(
+                self._task,
+                total=self.counts.units_total,
+                completed=self.counts.units_done,
+                summary=self.counts.line(),
+            )
         elif not self.quiet and time.monotonic() - self._last_line >= 5.0:
             self._last_line = time.monotonic()
             print(f"extract: {self.counts.line()}", file=sys.stderr, flush=True)

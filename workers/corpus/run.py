@@ -1,7 +1,7 @@
 """`voxmill extract`: one corpus run, from the listing to the merged outputs.
 
-    lock the output folder -> read the corpus -> a cluster (remote workers, or an embedded one
-    started now) -> load or make the plan -> drive the shards -> stop the cluster -> merge
+    lock the output folder -> a cluster (remote workers, or an embedded one started now) -> plan
+    as the listing streams by (a thread) -> drive the shards -> stop the cluster -> merge
 
 With a broker, workers anywhere do the work; without one, the run starts its own Redis and local
 workers first, so they load their models while this process probes the corpus and submits the
@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.corpus import corpus_folders
 from pipeline.errors import VoxmillError
 from pipeline.settings import Settings
+from pipeline.writers import REPORT_FILE
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
-from workers.corpus.plan import Plan, RunError, load_or_make_plan, lock_output, read_utterances
+from workers.corpus.plan import Planner, PlanReader, RunError, lock_output
 
 
 def extract_corpus(
@@ -32,8 +34,8 @@ def extract_corpus(
 ) -> dict[str, Any]:
     """`voxmill extract`; returns `report.json`'s content. `RunError` when the run cannot go on.
 
-    `shard_size` 0: automatic (see `load_or_make_plan`), for `workers` local processes, or with a
-    broker for the worker processes ready now.
+    `shard_size` 0: automatic (see `Planner`), for `workers` local processes, or with a broker for
+    the worker processes ready now.
     """
     started = time.monotonic()
     try:
@@ -41,21 +43,21 @@ def extract_corpus(
     except OSError as exc:
         raise RunError(f"cannot use the output folder {out_dir}: {exc.strerror or exc}") from None
     try:
-        utts = read_utterances(source)
         cluster: Cluster
         if settings.broker_url:
             cluster = RemoteCluster(settings).start()
         else:
-            cluster = EmbeddedCluster(settings, utts, out_dir, ops, workers).start()
+            folders = corpus_folders(source)  # paths only: the local workers may read there
+            cluster = EmbeddedCluster(settings, folders, out_dir, ops, workers).start()
             if not quiet:
                 print(f"extract: starting {workers} local worker(s) on an embedded Redis", flush=True)
         try:
-            plan = load_or_make_plan(
-                utts, source, out_dir, ops, shard_size, settings, _workers(cluster, workers)
-            )
-            return run_corpus(cluster, plan, out_dir, quiet, {"input": str(source)}, started)
+            planner = Planner(source, out_dir, ops, shard_size, settings, _workers(cluster, workers)).start()
+            return run_corpus(cluster, planner, out_dir, quiet, {"input": str(source)}, started)
         finally:
             cluster.stop()
+    except VoxmillError as exc:  # an op or shard size refused before anything ran
+        raise RunError(exc.message) from None
     finally:
         lock.close()
 
@@ -80,15 +82,16 @@ def _workers(cluster: Cluster, local: int) -> int | None:
 
 def run_corpus(
     cluster: Cluster,
-    plan: Plan,
+    planner: Planner,
     out_dir: Path,
     quiet: bool = False,
     extra_report: dict[str, Any] | None = None,
     started: float | None = None,
 ) -> dict[str, Any]:
-    """Drive `plan` on `cluster` to the end, stop the cluster, merge the outputs; the report.
+    """Drive the plan on `cluster` to the end, stop the cluster, merge the outputs; the report.
 
-    `wall_seconds` counts from `started` (a `time.monotonic()` value; default: now).
+    `wall_seconds` counts from `started` (a `time.monotonic()` value; default: now). A resumed run
+    that found every shard done and the outputs merged returns the report it finds.
     """
     from pipeline.merge import merge_outputs
     from workers.corpus.driver import CorpusDriver
@@ -96,18 +99,33 @@ def run_corpus(
     from workers.queue.app import create_app
 
     started = time.monotonic() if started is None else started
-    audio_total = sum(u.duration_s or 0.0 for u in plan.utterances())
-    counts = Counts(
-        units_total=sum(len(s.utts) for s in plan.specs), audio_total_s=audio_total, n_ops=len(plan.ops)
-    )
     app = create_app(cluster.settings, polled_results=True)
-    with ProgressView(counts, quiet=quiet) as view:
-        driver = CorpusDriver(app, cluster, plan, out_dir, view)
+    with ProgressView(Counts(n_ops=len(planner.ops)), quiet=quiet) as view:
+        driver = CorpusDriver(app, cluster, planner, out_dir, view)
         driver.run()
     cluster.stop(completed=True)  # every shard file exists: nothing is in flight
+    planner.join()
+    if planner.error is not None:
+        raise planner.error
+    merged = merged_report(out_dir, planner.fingerprint)
+    if merged is not None and driver.ledger.done_now == 0:
+        return merged
     extra = {"wall_seconds": round(time.monotonic() - started, 3), **(extra_report or {})}
     extra["resubmitted_shards"] = driver.ledger.resubmitted
+    extra["plan_fingerprint"] = planner.fingerprint
+    buffer_rows = cluster.settings.merge_buffer_rows
     try:
-        return merge_outputs(out_dir, plan.specs, extra, plan.order or None)
+        return merge_outputs(out_dir, PlanReader(out_dir).specs(), extra, buffer_rows)
     except VoxmillError as exc:
         raise RunError(exc.message) from None
+
+
+def merged_report(out_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The report of outputs already merged from this very plan (report.json is written last)."""
+    import json
+
+    try:
+        report: dict[str, Any] = json.loads((out_dir / REPORT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return report if report.get("plan_fingerprint") == fingerprint else None

@@ -1,0 +1,91 @@
+"""The plan of a run: shards cut for the workers as the listing streams by, resumed as they were."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.corpus import auto_shard_size
+from pipeline.settings import Settings
+from workers.corpus.plan import Planner, PlanReader, RunError
+
+
+def plan_for(
+    source: Path, out: Path, ops: list[str], size: int, settings: Settings, workers: int | None
+) -> Planner:
+    planner = Planner(source, out, ops, size, settings, workers).start()
+    planner.join()
+    if planner.error is not None:
+        raise planner.error
+    return planner
+
+
+def shard_sizes(out: Path) -> list[int]:
+    return [len(utts) for _, utts in PlanReader(out).shards()]
+
+
+def manifest(tmp_path: Path, count: int, name: str = "corpus.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text(
+        "".join(json.dumps({"utt": f"u{i:05d}", "path": f"/a/u{i}.wav"}) + "\n" for i in range(count))
+    )
+    return path
+
+
+def test_auto_shard_size_gives_every_worker_several_shards_up_to_the_largest() -> None:
+    assert auto_shard_size(60, workers=2, largest=32) == 5  # 12 shards: 6 per worker
+    assert auto_shard_size(240, workers=2, largest=32) == 20
+    assert auto_shard_size(100_000, workers=2, largest=32) == 32
+    assert auto_shard_size(3, workers=8, largest=32) == 1
+    assert auto_shard_size(0, workers=2, largest=32) == 1
+
+
+def test_an_automatic_plan_is_cut_for_the_workers_and_resumed_whatever_their_number(tmp_path: Path) -> None:
+    source, settings = manifest(tmp_path, 60), Settings(shard_size=32)
+    out = tmp_path / "out"
+    plan_for(source, out, ["embed"], 0, settings, workers=2)
+    assert shard_sizes(out) == [5] * 12
+    plan_for(source, out, ["embed"], 0, settings, workers=8)
+    assert shard_sizes(out) == [5] * 12  # the plan on disk is reused: a resume never re-cuts the shards
+    plan_for(source, tmp_path / "fixed", ["embed"], 16, settings, workers=2)
+    assert shard_sizes(tmp_path / "fixed") == [16, 16, 16, 12]
+    plan_for(source, tmp_path / "remote", ["embed"], 0, settings, workers=None)
+    assert shard_sizes(tmp_path / "remote") == [32, 28]
+
+
+def test_a_large_listing_is_cut_in_listing_order_across_chunks(tmp_path: Path) -> None:
+    source = manifest(tmp_path, 20_000)
+    out = tmp_path / "out"
+    planner = plan_for(source, out, ["tokenize", "embed"], 0, Settings(shard_size=32), workers=2)
+    assert planner.utterances == 20_000 and planner.planned == 625
+    specs = list(PlanReader(out).specs())
+    assert [(s.shard, s.op) for s in specs[:3]] == [(0, "tokenize"), (0, "embed"), (1, "tokenize")]
+    utts = [u.utt for s in specs if s.op == "embed" for u in s.utts]
+    assert utts == [f"u{i:05d}" for i in range(20_000)]  # every utterance once, in listing order
+    assert len(list((out / "plan").glob("chunk-*.parquet"))) == 3
+
+
+def test_a_different_corpus_in_the_same_folder_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    settings = Settings(shard_size=4)
+    plan_for(manifest(tmp_path, 10), out, ["embed"], 0, settings, workers=None)
+    with pytest.raises(RunError, match="holds a run of a different corpus"):
+        plan_for(manifest(tmp_path, 11, "other.jsonl"), out, ["embed"], 0, settings, workers=None)
+    with pytest.raises(RunError, match="different corpus, ops or shard size"):
+        plan_for(manifest(tmp_path, 10), out, ["tokenize"], 0, settings, workers=None)
+
+
+def test_planning_streams_and_a_late_listing_problem_ends_it(tmp_path: Path) -> None:
+    source = manifest(tmp_path, 12_000)
+    with source.open("a") as stream:
+        stream.write('{"utt": "u00003", "path": "/a/again.wav"}\n')  # a duplicate at the very end
+    out = tmp_path / "out"
+    planner = Planner(source, out, ["embed"], 0, Settings(shard_size=32), None).start()
+    planner.join()
+    assert isinstance(planner.error, RunError) and "duplicate utt 'u00003' (first on line 4)" in str(
+        planner.error
+    )
+    assert planner.planned > 0  # the shards before it were planned (and could have run) meanwhile
+    assert not (out / "plan" / "complete.json").exists()
