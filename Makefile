@@ -14,7 +14,7 @@ DEMO_DIR ?= demo
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,monitor]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -198,6 +198,11 @@ class Settings(BaseSettings):
     # Observability
     metrics_port: int | None = _f(None, "Prometheus endpoint of a worker host (all its pool processes).")
     watcher_metrics_port: int | None = _f(None, "The watcher's own endpoint (publications, rejections).")
+    run_metrics_port: int | None = _f(
+        None,
+        "Prometheus endpoint of a corpus run's driver (`voxmill extract --metrics-port`): shards done, "
+        "in flight and resubmitted, utterances and audio done, failures by code, ETA.",
+    )
     log_format: Literal["text", "json"] = _f("text", "text | json (one object per line).")
     log_level: str = _f("INFO", "DEBUG | INFO | WARNING | ERROR.")
 
@@ -221,7 +226,12 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "broker_url", "result_backend_url", "metrics_port", "watcher_metrics_port", mode="before"
+        "broker_url",
+        "result_backend_url",
+        "metrics_port",
+        "watcher_metrics_port",
+        "run_metrics_port",
+        mode="before",
     )
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:

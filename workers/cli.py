@@ -295,6 +295,12 @@ def extract(
         show_default=False,
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        help="Serve this run's Prometheus metrics (shards, utterances, audio, failures, ETA) on this port.",
+        show_default=False,
+    ),
 ) -> None:
     """Extract speech tokens and speaker embeddings for a whole corpus, in shards, resumably.
 
@@ -304,11 +310,14 @@ def extract(
     """
     from workers.corpus.plan import RunError
     from workers.corpus.run import extract_corpus
+    from workers.observe.run_metrics import RunMetricsPortError
 
     op_list = split_list(ops)
     if not op_list or [op for op in op_list if op not in ("tokenize", "embed")]:
         fail(f"--ops takes tokenize and/or embed, not {ops!r}")
     settings = load_settings(models)
+    if metrics_port:
+        settings = settings.model_copy(update={"run_metrics_port": metrics_port})
     if models is not None and settings.broker_url:
         err.print(
             "[yellow]note:[/yellow] --models applies to local workers only; remote workers use their own"
@@ -317,7 +326,7 @@ def extract(
         report = extract_corpus(
             settings, source, out_dir, op_list, workers or os.cpu_count() or 1, shard_size, quiet
         )
-    except RunError as exc:
+    except (RunError, RunMetricsPortError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         err.print(f"interrupted; run the same command again to resume from {out_dir}")
@@ -425,6 +434,17 @@ def status(
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         render_status(report, out)
+
+
+@app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="One JSON object, for scripts.")) -> None:
+    """Check this machine's set-up: packages, providers, model files, broker, roots, cache, memory.
+
+    One line per check, each ok, warning or error with what to do; exit 1 when any is an error.
+    """
+    from workers.observe.doctor import doctor_command
+
+    raise typer.Exit(doctor_command(load_settings(), as_json, out))
 
 
 # --------------------------------------------------------------------------------- models

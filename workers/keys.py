@@ -27,3 +27,6 @@ CANDIDATE = PREFIX + ":candidate:{host}:{role}"
 CANDIDATE_PATTERN = PREFIX + ":candidate:*:{role}"
 # Lock: the one process of a machine standing aside (taking no task) while it reloads.
 ASIDE = PREFIX + ":aside:{host}"
+# A corpus run's progress as its driver publishes it (JSON; expires soon after the driver stops).
+RUN_PROGRESS = PREFIX + ":run:{run}:progress"
+RUN_PROGRESS_PATTERN = PREFIX + ":run:*:progress"

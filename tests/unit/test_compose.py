@@ -29,6 +29,7 @@ COMPOSE_VARIABLES = (
     "GPU_PROVIDER",
     "TRT_FP16",
     "FLOWER_BIND",
+    "FLOWER_BASIC_AUTH",
 )
 
 pytestmark = pytest.mark.skipif(
@@ -53,7 +54,7 @@ def compose_config(tmp_path: Path, *args: str, **variables: str) -> subprocess.C
 
 
 def services(tmp_path: Path, *args: str, **variables: str) -> dict[str, Any]:
-    done = compose_config(tmp_path, *args, REDIS_PASSWORD="s3cret", **variables)
+    done = compose_config(tmp_path, *args, REDIS_PASSWORD="s3cret", FLOWER_BASIC_AUTH="ops:pw", **variables)
     assert done.returncode == 0, done.stderr
     config: dict[str, Any] = yaml.safe_load(done.stdout)
     return config["services"]  # type: ignore[no-any-return]
@@ -131,6 +132,7 @@ def test_flower_watches_the_same_broker_on_5555(tmp_path: Path) -> None:
     assert flower["entrypoint"][:4] == ["celery", "-A", "workers.app", "flower"]
     assert flower["build"]["args"]["EXTRAS"] == "monitor"
     assert "127.0.0.1:5555:5555" in _ports(flower)
+    assert flower["environment"]["FLOWER_BASIC_AUTH"] == "ops:pw"  # its API answers a login, not anyone
 
 
 def test_dockerfiles_and_dockerignore_exist() -> None:

@@ -39,6 +39,7 @@ from workers import keys, tuning
 from workers.corpus.cluster import Cluster
 from workers.corpus.plan import Planner, PlanReader, RunError
 from workers.corpus.progress import ProgressView
+from workers.observe.run_metrics import RunObserver
 from workers.queue import connections
 from workers.queue.app import SHARD_TASK
 from workers.queue.wakeups import ResultWakeups
@@ -95,6 +96,7 @@ class CorpusDriver:
         self.ledger = Ledger(out_dir)
         self.redis = connections.broker_client(self.settings, socket_timeout=5, socket_connect_timeout=5)
         self.announcements = ResultWakeups(self.redis)
+        self.observer = RunObserver(out_dir, self.settings.run_metrics_port)
         self._specs: Iterator[ShardSpec] = PlanReader(out_dir, planner).specs()
         self._taken = 0  # shards (all ops of each) taken from the plan so far
         self._next: ShardSpec | None = None
@@ -107,6 +109,7 @@ class CorpusDriver:
         """Until every shard file exists: keep a window of shards in flight, resubmit late ones."""
         self.ledger.scan_finished()
         announced: list[ShardResult] = []
+        self.observer.start()
         try:
             while not self._all_done():
                 if not self.announcements.listening and self.planner.header is not None:
@@ -123,6 +126,7 @@ class CorpusDriver:
                     announced = [_shard_result(data) for _, data in heard]
         finally:
             self.announcements.close()
+            self.observer.finished(self.redis)
             self.redis.close()
 
     def _all_done(self) -> bool:
@@ -210,6 +214,7 @@ class CorpusDriver:
 
     def _resubmit(self, item: InFlight) -> None:
         self.ledger.resubmitted += 1
+        self.observer.resubmitted()
         self._submit(item.spec, item.attempts + 1)
 
     def _count_done(self, spec: ShardSpec, result: ShardResult | None, resumed: bool = False) -> None:
@@ -219,6 +224,7 @@ class CorpusDriver:
         counts.units_done += len(spec.utts)
         if resumed:
             counts.units_resumed += len(spec.utts)
+            self.observer.shard_resumed(spec)
             return
         self.ledger.done_now += 1
         if result is None:  # its announcement was lost: the file has the counts
@@ -226,6 +232,9 @@ class CorpusDriver:
             result = ShardResult(spec.shard, spec.op, "", ok, failed, spec.audio_s, 0.0)
         counts.audio_done_s += result.audio_seconds
         counts.failed[spec.op] = counts.failed.get(spec.op, 0) + result.failed
+        self.observer.shard_done(
+            spec, result.ok, result.failed, result.audio_seconds, self.ledger.file_of(spec)
+        )
 
     def _show_progress(self) -> None:
         counts = self.view.counts
@@ -233,6 +242,7 @@ class CorpusDriver:
             counts.units_total = self.planner.utterances * len(self.planner.ops)
             counts.audio_total_s = self.planner.listed_audio_s
         self.view.update()
+        self.observer.round(self.redis, counts, len(self.ledger.inflight), self.planner)
 
 
 def _shard_result(data: Any) -> ShardResult:

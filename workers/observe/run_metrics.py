@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from workers.corpus.progress import Counts
 
 # JSON record of one driver's run; expires unless the driver writes it again.
-RUN_PROGRESS = keys.PREFIX + ":run:{run}:progress"
-RUN_PROGRESS_PATTERN = keys.PREFIX + ":run:*:progress"
+RUN_PROGRESS = keys.RUN_PROGRESS
+RUN_PROGRESS_PATTERN = keys.RUN_PROGRESS_PATTERN
 RUN_PROGRESS_TTL_S = 15  # like a worker's heartbeat: gone soon after its driver
 RUN_PUBLISH_EVERY_S = 1.0  # announcements can wake the driver many times a second; one write is enough
 
