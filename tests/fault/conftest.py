@@ -109,7 +109,12 @@ def fault_reference(tmp_path_factory: pytest.TempPathFactory, fault_corpus: Path
 
 
 def fault_settings(url: str, models: Path, corpus: Path, out_parent: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {"shard_deadline_min_s": 5.0, "shard_deadline_factor": 3.0}
+    # short deadlines: a late shard, or a lost job, is sent again within seconds
+    values: dict[str, object] = {
+        "shard_deadline_min_s": 5.0,
+        "shard_deadline_factor": 3.0,
+        "job_deadline_min_s": 3.0,
+    }
     values.update(overrides)
     return make_settings(url, models, [corpus, out_parent], **values)
 

@@ -39,9 +39,9 @@ class RemoteCluster:
         """`RunError` at once when the broker does not answer (an outage later is ridden out)."""
         import redis
 
-        client = redis.Redis.from_url(
-            self.settings.broker_url or "", socket_timeout=5, socket_connect_timeout=5
-        )
+        from workers.queue import connections
+
+        client = connections.broker_client(self.settings, socket_timeout=5, socket_connect_timeout=5)
         try:
             client.ping()
         except redis.RedisError as exc:
