@@ -861,14 +861,19 @@ def catalogue_rows(run: Run) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
-def render_table(rows: list[tuple[str, str, str, str, str]]) -> str:
-    lines = [
-        "| input | code | message (by path) | by bytes | in a corpus shard |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+CATALOGUE_HEADER = ("input", "code", "message (by path)", "by bytes", "in a corpus shard")
+
+
+def render_table(
+    rows: list[tuple[str, str, str, str, str]],
+    header: tuple[str, ...] = CATALOGUE_HEADER,
+    code_columns: tuple[int, ...] = (1,),
+) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for row in rows:
         cells = [cell.replace("|", "\\|").replace("\n", " ") for cell in row]
-        cells[1] = f"`{cells[1]}`"
+        for column in code_columns:
+            cells[column] = f"`{cells[column]}`"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -1013,18 +1018,13 @@ class SpeechSeen:
 
 @pytest.fixture(scope="module")
 def speech_run(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> dict[str, SpeechSeen]:
-    from pipeline.inference import open_session, run_clip
-    from pipeline.registry import Registry
-    from pipeline.sessions import SessionOptions
+    from pipeline import Extractor
+    from pipeline.inference import run_clip
     from pipeline.settings import Settings
     from pipeline.vad import SpeechCheck
 
     folder = tmp_path_factory.mktemp("speech-cases")
-    registry = Registry.load()
-    sessions = {
-        role: open_session(registry.find_model(role, tiny_models), role, SessionOptions(), registry)
-        for role in ("tokenizer", "embedder")
-    }
+    sessions = Extractor.from_model_dir(tiny_models).sessions
     check = SpeechCheck.from_settings(Settings())
     off = SpeechCheck.from_settings(Settings(speech_check=False))
     voice = speech_audio.espeak_wave() if speech_audio.ESPEAK else None
@@ -1065,16 +1065,7 @@ def speech_rows(seen: dict[str, SpeechSeen]) -> list[tuple[str, str, str, str, s
     return rows
 
 
-def render_speech_table(rows: list[tuple[str, str, str, str, str]]) -> str:
-    lines = [
-        "| input | code | message | speech detected | with `speech_check: false` |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for row in rows:
-        cells = [cell.replace("|", "\\|") for cell in row]
-        cells[1], cells[4] = f"`{cells[1]}`", f"`{cells[4]}`"
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+SPEECH_HEADER = ("input", "code", "message", "speech detected", "with `speech_check: false`")
 
 
 def test_docs_speech_table_matches_this_run(speech_run: dict[str, SpeechSeen]) -> None:
@@ -1086,7 +1077,9 @@ def test_docs_speech_table_matches_this_run(speech_run: dict[str, SpeechSeen]) -
         text = DOC.read_text()
         head, rest = text.split(SPEECH_START, 1)
         tail = rest.split(SPEECH_END, 1)[1]
-        DOC.write_text(f"{head}{SPEECH_START}\n{render_speech_table(rows)}\n{SPEECH_END}{tail}")
+        DOC.write_text(
+            f"{head}{SPEECH_START}\n{render_table(rows, SPEECH_HEADER, (1, 4))}\n{SPEECH_END}{tail}"
+        )
     block = DOC.read_text().split(SPEECH_START, 1)[1].split(SPEECH_END, 1)[0]
     documented = [line[2:].split(" | ") for line in block.splitlines() if line.startswith("| ")][2:]
     assert [(cells[0], cells[1].strip("`")) for cells in documented] == [(r[0], r[1]) for r in rows], (

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 
+from pipeline import Extractor
 from pipeline.demo import speechlike
 from pipeline.inference import run_clip
 from pipeline.quality import CLIP_LEVEL, DBFS_FLOOR, STAT_FIELDS, clip_stats, dbfs
 from pipeline.records import TaskResult
-from pipeline.sessions import SessionOptions
 from pipeline.settings import AudioLimits
-from pipeline.standin import make_standins
 from pipeline.vad import SpeechCheck
 
 RATE = 16000
@@ -78,17 +78,9 @@ def test_speech_ratio_and_source_fields() -> None:
 
 
 @pytest.fixture(scope="module")
-def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from pipeline.inference import open_session
-    from pipeline.registry import Registry
-
-    folder = tmp_path_factory.mktemp("models")
-    make_standins(folder, profile="tiny")
-    registry = Registry.load()
-    return {
-        role: open_session(registry.find_model(role, folder), role, SessionOptions(), registry)
-        for role in ("tokenizer", "embedder")
-    }
+def sessions(tiny_models: Path) -> Iterator[dict]:
+    with Extractor.from_model_dir(tiny_models) as extractor:
+        yield extractor.sessions
 
 
 def encoded(samples: np.ndarray, rate: int, fmt: str, subtype: str) -> bytes:

@@ -3,6 +3,7 @@ turn it off; and the shard file carries the stats and each row's model sha256.""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -10,27 +11,20 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from pipeline.inference import open_session, run_clip
+from pipeline import Extractor
+from pipeline.inference import run_clip
 from pipeline.quality import STAT_FIELDS
 from pipeline.records import ShardSpec, TaskResult, Utterance
-from pipeline.registry import Registry
-from pipeline.sessions import SessionOptions
 from pipeline.settings import AudioLimits, Settings
-from pipeline.standin import make_standins
 from pipeline.vad import SpeechCheck
 from pipeline.writers import SHARD_SCHEMA, read_shard, write_shard
 from tests.speech_audio import espeak_wav, hum, needs_espeak
 
 
 @pytest.fixture(scope="module")
-def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    folder = tmp_path_factory.mktemp("models")
-    make_standins(folder, profile="tiny")
-    registry = Registry.load()
-    return {
-        role: open_session(registry.find_model(role, folder), role, SessionOptions(), registry)
-        for role in ("tokenizer", "embedder")
-    }
+def sessions(tiny_models: Path) -> Iterator[dict]:
+    with Extractor.from_model_dir(tiny_models) as extractor:
+        yield extractor.sessions
 
 
 @pytest.fixture

@@ -114,6 +114,33 @@ def _empty(chart_id: str, title: str, why: str) -> str:
     )
 
 
+def _x_ticks(low: float, span: float) -> list[str]:
+    """Five labels under the x axis, from `low` to `low + span`."""
+    plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT
+    return [
+        f'<text x="{MARGIN_LEFT + plot_w * step / 4:.1f}" y="{HEIGHT - MARGIN_BOTTOM + 16}" class="tick" '
+        f'text-anchor="middle">{_fmt(low + span * step / 4)}</text>'
+        for step in range(5)
+    ]
+
+
+def _bars(bars: list[tuple[str, int]], top: float, color: str, fill: float) -> list[str]:
+    """One bar per (tooltip, count), side by side across the plot, each `fill` of its slot wide."""
+    plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT
+    plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
+    width = plot_w / len(bars)
+    out = []
+    for index, (tip, count) in enumerate(bars):
+        h = plot_h * count / top
+        x = MARGIN_LEFT + index * width + width * (1 - fill) / 2
+        out.append(
+            f'<rect class="bar" x="{x:.1f}" y="{MARGIN_TOP + plot_h - h:.1f}" '
+            f'width="{max(width * fill, 1):.1f}" height="{h:.1f}" fill="{color}">'
+            f"<title>{_esc(tip)}: {count}</title></rect>"
+        )
+    return out
+
+
 def histogram(
     chart_id: str, title: str, values: list[float], x_label: str, low: float, high: float, bins: int
 ) -> str:
@@ -125,30 +152,14 @@ def histogram(
     for value in values:
         counts[min(bins - 1, max(0, int((value - low) / span * bins)))] += 1
     top = _nice_max(max(counts))
-    plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT
-    plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
-    width = plot_w / bins
-    body = []
-    for index, count in enumerate(counts):
-        h = plot_h * count / top
-        x = MARGIN_LEFT + index * width
-        body.append(
-            f'<rect class="bar" x="{x + 0.5:.1f}" y="{MARGIN_TOP + plot_h - h:.1f}" '
-            f'width="{max(width - 1, 1):.1f}" '
-            f'height="{h:.1f}" fill="{BAR}"><title>{low + index * span / bins:.3g}–'
-            f"{low + (index + 1) * span / bins:.3g}: {count}</title></rect>"
-        )
-    for step in range(5):
-        x = MARGIN_LEFT + plot_w * step / 4
-        body.append(
-            f'<text x="{x:.1f}" y="{MARGIN_TOP + plot_h + 16}" class="tick" text-anchor="middle">'
-            f"{_fmt(low + span * step / 4)}</text>"
-        )
+    edges = [low + span * index / bins for index in range(bins + 1)]
+    tips = [(f"{edges[i]:.3g}–{edges[i + 1]:.3g}", count) for i, count in enumerate(counts)]
+    body = _bars(tips, top, BAR, 0.92) + _x_ticks(low, span)
     return _frame(chart_id, title, body, top, "utterances", x_label)
 
 
 def bar_chart(chart_id: str, title: str, counts: dict[str, int], x_label: str, color: str = BAR) -> str:
-    """One bar per label (largest first; beyond `MAX_BARS`, one bar for the rest)."""
+    """One bar per label (largest first; beyond `MAX_BARS`, one bar for the rest), labels when few."""
     if not counts:
         return _empty(chart_id, title, "none in this run")
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -156,23 +167,14 @@ def bar_chart(chart_id: str, title: str, counts: dict[str, int], x_label: str, c
         rest = ranked[MAX_BARS - 1 :]
         ranked = [*ranked[: MAX_BARS - 1], (f"{len(rest)} more", sum(n for _, n in rest))]
     top = _nice_max(max(n for _, n in ranked))
-    plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT
-    plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
-    width = plot_w / len(ranked)
-    body = []
-    for index, (label, count) in enumerate(ranked):
-        h = plot_h * count / top
-        x = MARGIN_LEFT + index * width
-        body.append(
-            f'<rect class="bar" x="{x + width * 0.1:.1f}" y="{MARGIN_TOP + plot_h - h:.1f}" '
-            f'width="{max(width * 0.8, 1):.1f}" height="{h:.1f}" fill="{color}">'
-            f"<title>{_esc(label)}: {count}</title></rect>"
-        )
-        if len(ranked) <= 12:
+    body = _bars(ranked, top, color, 0.8)
+    slot = (WIDTH - MARGIN_LEFT - MARGIN_RIGHT) / len(ranked)
+    if len(ranked) <= 12:
+        for index, (label, _) in enumerate(ranked):
             short = label if len(label) <= 12 else label[:11] + "…"
             body.append(
-                f'<text x="{x + width / 2:.1f}" y="{MARGIN_TOP + plot_h + 16}" class="tick" '
-                f'text-anchor="middle">{_esc(short)}</text>'
+                f'<text x="{MARGIN_LEFT + slot * (index + 0.5):.1f}" y="{HEIGHT - MARGIN_BOTTOM + 16}" '
+                f'class="tick" text-anchor="middle">{_esc(short)}</text>'
             )
     return _frame(chart_id, title, body, top, "utterances", x_label)
 
@@ -206,12 +208,7 @@ def line_chart(
             f'<rect x="{MARGIN_LEFT + 10}" y="{legend_y - 9}" width="12" height="10" fill="{color}"/>'
             f'<text x="{MARGIN_LEFT + 28}" y="{legend_y}" class="label">{_esc(name)}</text>'
         )
-    for step in range(5):
-        x = MARGIN_LEFT + plot_w * step / 4
-        body.append(
-            f'<text x="{x:.1f}" y="{MARGIN_TOP + plot_h + 16}" class="tick" text-anchor="middle">'
-            f"{_fmt(x_top * step / 4)}</text>"
-        )
+    body += _x_ticks(0.0, x_top)
     return _frame(chart_id, title, body, y_top, y_label, x_label)
 
 
