@@ -221,6 +221,14 @@ _detectors: dict[tuple[str, int, int], SpeechDetector] = {}
 _detectors_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    global _detectors_lock
+    _detectors_lock = threading.Lock()  # a lock held by another thread at the fork stays held
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def shared_detector(check: SpeechCheck) -> SpeechDetector:
     """This process's detector for `check` (loaded once; thread-safe)."""
     key = (str(check.model_path), check.intra_op_threads, os.getpid())

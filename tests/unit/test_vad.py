@@ -140,6 +140,23 @@ def test_one_detector_per_process(detector: SpeechDetector) -> None:
     assert shared_detector(SpeechCheck(min_speech_ms=200, threshold=0.7)) is detector  # same model
 
 
+def test_a_forked_process_builds_its_own_detector(detector: SpeechDetector) -> None:
+    """A session built before a fork is never used in the child (a prefork pool's processes)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report whether it got a fresh detector that works
+        try:
+            mine = shared_detector(SpeechCheck())
+            ok = mine is not detector and mine.probabilities(np.zeros(1600, np.float32)).shape == (4,)
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    assert shared_detector(SpeechCheck()) is detector  # the parent keeps its own
+
+
 def test_a_model_of_another_kind_is_refused(tmp_path: Path) -> None:
     make_standins(tmp_path, profile="tiny")
     with pytest.raises(VoxmillError) as refused:
