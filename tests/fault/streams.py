@@ -143,6 +143,7 @@ class SubmitRun:
     def __init__(self, settings: Settings, files: list[Path], timeout_s: float = 120.0) -> None:
         self.settings, self.files, self.timeout_s = settings, files, timeout_s
         self.started = time.monotonic()
+        self.stderr = ""
         args = [VOXMILL, "submit", "embed", *map(str, files), "--json", "--timeout", str(timeout_s)]
         self.process = subprocess.Popen(
             args, env=clean_env(settings.to_env()), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -157,6 +158,7 @@ class SubmitRun:
             stdout, stderr = self.process.communicate()
             raise AssertionError(f"voxmill submit did not finish:\n{stderr[-3000:]}") from None
         wall_s = time.monotonic() - self.started
+        self.stderr = stderr  # its log: what it sent again, broker trouble
         tally = Tally(submitted={str(f) for f in self.files})
         for line in stdout.splitlines():
             row = json.loads(line)

@@ -168,6 +168,7 @@ def test_primary_killed_mid_run_the_replica_takes_over(
     tally = stream.stop()
     print(f"Client stream {tally.counts()}, sent again: {stream.client.resent}")
     print(f"voxmill submit (exit {code}) {submitted.counts()}")
+    print(f"voxmill submit's log:\n{submit.stderr[-1500:]}")
     tally.check(90.0)
     submitted.check(90.0)
     assert code == 0
