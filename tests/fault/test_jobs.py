@@ -144,6 +144,7 @@ def test_redis_unreachable_for_20_s(settings, private_redis, start_worker, clips
     settle(20)
     private_redis.start()
     settle(6)  # the producer goes on submitting after the fault
-    tally, _ = finish(stream, run, "Redis unreachable for 20 s", refusals_ok=True)
-    assert tally.longest_wait_s >= 20  # the jobs in flight waited the outage out, and were answered
+    tally, submitted = finish(stream, run, "Redis unreachable for 20 s", refusals_ok=True)
+    # the jobs in flight (some producer's) waited the outage out, and were answered
+    assert max(tally.longest_wait_s, submitted.longest_wait_s) >= 20
     assert workers.alive()
