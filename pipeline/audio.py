@@ -4,7 +4,8 @@
 
 1. source: a path must be a regular file (FIFOs and devices are refused from `os.stat`, never
    opened in blocking mode), not empty, and at most `max_file_bytes`; raw bytes at most
-   `max_payload_bytes`.
+   `max_payload_bytes`; a URL (`s3://`, `gs://`, `http(s)://`, `pipeline.storage`) is sized by one
+   HEAD and refused the same way before a byte of it is read.
 2. header (no decoding): libsndfile, or `audioread` as a fallback for paths; the sample rate must
    lie in the allowed range and the duration the header claims must not exceed `max_duration_s`.
 3. decode: at most `max_duration_s` worth of frames is ever decoded, whatever the header said.
@@ -13,6 +14,11 @@
    (e.g. an MP3 or FLAC frame followed by garbage) is `unreadable`.
 4. samples: no frames -> `empty`; NaN/Inf -> `non_finite`; shorter than `min_duration_s`
    (judged on the original frames and rate) -> `too_short`; every sample 0 -> `empty`.
+
+A `Segment` (Kaldi `segments`, lhotse supervisions) decodes only [start_s, end_s) of a recording:
+a seek, then the segment's frames; the duration limits judge the segment, not the recording, and
+`channel` picks one channel instead of the mean. A segment starting at or after the recording's
+end is `empty`; an end past it is clamped (Kaldi's segments often run a few ms over).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from pipeline.errors import (
     VoxmillError,
 )
 from pipeline.settings import AudioLimits
+from pipeline.storage import is_url, open_url, url_size
 
 TARGET_RATE_HZ = 16000
 # soxr recipe. Against torchaudio's sinc resampler both 'HQ' and 'VHQ' agree to > 45 dB below
@@ -94,6 +101,16 @@ class Audio:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """The part of a recording an utterance is: [start_s, end_s) (None: to the end), one channel
+    (None: the mean of all)."""
+
+    start_s: float = 0.0
+    end_s: float | None = None
+    channel: int | None = None
+
+
+@dataclass(frozen=True)
 class _Opened:
     """An open source: the stream to decode, a name for messages and, for paths, the path."""
 
@@ -111,16 +128,25 @@ def probe_audio(source: Source, limits: AudioLimits) -> AudioInfo:
         return _probe(opened, limits)
 
 
-def load_audio(source: Source, limits: AudioLimits, timings_ms: dict[str, float] | None = None) -> Audio:
-    """Decode a path or bytes to float32 [N] mono at 16 kHz after every check (module docstring).
+def load_audio(
+    source: Source,
+    limits: AudioLimits,
+    timings_ms: dict[str, float] | None = None,
+    segment: Segment | None = None,
+) -> Audio:
+    """Decode a path, URL or bytes to float32 [N] mono at 16 kHz after every check (module
+    docstring); with `segment`, only that part of it.
 
     With `timings_ms`, the milliseconds spent are added to its `decode` (open, header, decode,
     checks, mixdown) and `resample` entries.
     """
     started = time.perf_counter()
     with _open_source(source, limits) as opened:
-        info = _probe(opened, limits)
-        decoded = _decode(opened, info, limits)
+        if segment is None:
+            info = _probe(opened, limits)
+            decoded = _decode(opened, info, limits)
+        else:
+            info, decoded = _decode_segment(opened, limits, segment)
     _check_frames(decoded, info.sample_rate_hz, limits)
     mono = to_mono(decoded)
     decoded_at = time.perf_counter()
@@ -188,10 +214,26 @@ def _open_source(source: Source, limits: AudioLimits) -> Iterator[_Opened]:
         _check_payload(bytes(source), limits)
         yield _Opened(io.BytesIO(source), _PAYLOAD_NAME, None)
         return
+    if isinstance(source, str) and is_url(source):
+        with _open_url(source, limits) as stream:
+            yield _Opened(stream, source, None)
+        return
     path = Path(source)
     stream = _open_regular_file(path, limits)
     with stream:
         yield _Opened(stream, str(path), path)
+
+
+def _open_url(url: str, limits: AudioLimits) -> BinaryIO:
+    """A stream over an object after its size (one HEAD) is checked like a file's."""
+    size = url_size(url)
+    if size == 0:
+        raise VoxmillError(EMPTY, f"{url} is empty (0 bytes)")
+    if size > limits.max_file_bytes:
+        raise VoxmillError(
+            TOO_LARGE, f"object is {_format_bytes(size)}; the limit is {_format_bytes(limits.max_file_bytes)}"
+        )
+    return open_url(url, size)
 
 
 def _check_payload(payload: bytes, limits: AudioLimits) -> None:
@@ -373,11 +415,43 @@ def _decode(opened: _Opened, info: AudioInfo, limits: AudioLimits) -> FloatArray
     return decoded
 
 
-def _decode_with_soundfile(opened: _Opened, cap: int) -> FloatArray:
+def _decode_segment(opened: _Opened, limits: AudioLimits, segment: Segment) -> tuple[AudioInfo, FloatArray]:
+    """The header and the frames of `segment` only, as float32 [frames, channels]."""
+    info = _probe_header(opened)
+    _check_rate(info.sample_rate_hz, limits)
+    rate = info.sample_rate_hz
+    first = max(0, round(segment.start_s * rate))
+    last = info.frames if segment.end_s is None else min(info.frames, round(segment.end_s * rate))
+    if first >= info.frames:
+        raise VoxmillError(
+            EMPTY,
+            f"segment starts at {segment.start_s:g} s, after the end of {opened.name} "
+            f"({_format_duration(info.duration_s)})",
+        )
+    if segment.channel is not None and not 0 <= segment.channel < info.channels:
+        raise VoxmillError(
+            BAD_REQUEST, f"channel {segment.channel} asked of {opened.name}, which has {info.channels}"
+        )
+    _check_not_too_long((last - first) / rate, limits)
+    if info.format == AUDIOREAD_FORMAT and opened.path is not None:
+        decoded = _decode_with_audioread(opened.path, info.channels, last)[first:]
+    else:
+        decoded = _decode_with_soundfile(opened, last - first, first)
+    if segment.channel is not None:
+        decoded = np.ascontiguousarray(decoded[:, segment.channel : segment.channel + 1])
+    return info, decoded
+
+
+def _decode_with_soundfile(opened: _Opened, cap: int, first: int = 0) -> FloatArray:
     """Up to `cap` frames as float32 [frames, channels]; decoder errors become `unreadable`."""
     opened.stream.seek(0)
     try:
-        data, _ = sf.read(opened.stream, frames=cap, dtype="float32", always_2d=True)
+        if first:  # a segment: seek to it, never decode what comes before
+            with sf.SoundFile(opened.stream) as file:
+                file.seek(first)
+                data = file.read(frames=cap, dtype="float32", always_2d=True)
+        else:
+            data, _ = sf.read(opened.stream, frames=cap, dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError) as exc:
         raise VoxmillError(
             UNREADABLE, f"{opened.name} could not be decoded ({_decoder_reason(exc)})"

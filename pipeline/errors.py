@@ -21,6 +21,8 @@ OUTPUT_ERROR = "output_error"
 INTERNAL = "internal"
 # Wave 2: detected speech shorter than `min_speech_ms` (pipeline/vad.py).
 NO_SPEECH = "no_speech"
+# Wave 2: an object store refused the request or could not be reached (pipeline/storage.py).
+STORE_ERROR = "store_error"
 
 CODES: tuple[str, ...] = (
     NOT_FOUND,
@@ -37,6 +39,7 @@ CODES: tuple[str, ...] = (
     OUTPUT_ERROR,
     INTERNAL,
     NO_SPEECH,
+    STORE_ERROR,
 )
 
 

@@ -1,9 +1,12 @@
-"""Confine path jobs to the allowed roots.
+"""Confine path jobs to the allowed roots (and URL jobs to the allowed URL prefixes).
 
 A path is judged by where it really points: relative parts are taken against `base`, then `..`
 and every symlink are resolved (`os.path.realpath`) before the containment check. Whether the
 file exists is left to the caller, after confinement, so a missing file outside the roots is
 `forbidden_path`, not `not_found`, and the answer does not reveal what exists outside them.
+
+A URL (`s3://`, `gs://`, `http(s)://`) is judged by `pipeline.storage.check_url` against the URL
+prefixes among the roots: `.` and `..` removed, scheme and bucket equal, key prefix on a `/`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, VoxmillError
+from pipeline.storage import check_url, is_url
 
 
 def is_within(path: Path, root: Path) -> bool:
@@ -42,3 +46,11 @@ def resolve_allowed_path(path: str | Path, roots: Sequence[Path], base: Path | N
             "VOXMILL_ALLOWED_ROOTS, or send the file's bytes instead (`voxmill submit --bytes`)",
         )
     return real
+
+
+def resolve_allowed(path: str | Path, roots: Sequence[Path], url_roots: Sequence[str] = ()) -> Path | str:
+    """A path confined to `roots` (`resolve_allowed_path`), or a URL to `url_roots` (its
+    normalised spelling): what a worker reads for a job, an utterance or a tar shard."""
+    if isinstance(path, str) and is_url(path):
+        return check_url(path, url_roots)
+    return resolve_allowed_path(path, roots)

@@ -22,7 +22,9 @@ ROLES_BY_OP: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Utterance:
-    """One clip of a corpus.
+    """One clip of a corpus: a whole file (or object URL), or the segment [start_s, end_s) of a
+    recording (Kaldi `segments`, lhotse supervisions); `channel` picks one channel (None: the mean
+    of all). `end_s` None: to the end of the recording.
 
     >>> Utterance(utt="spk1/a", path="/data/spk1/a.wav", spk="spk1", text="hello")
     """
@@ -32,9 +34,19 @@ class Utterance:
     spk: str = ""
     text: str = ""
     duration_s: float | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+    channel: int | None = None
+
+    @property
+    def is_segment(self) -> bool:
+        return self.start_s is not None or self.end_s is not None or self.channel is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.is_segment:  # a whole file: the shard message stays as small as before
+            del data["start_s"], data["end_s"], data["channel"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Utterance:
@@ -44,6 +56,9 @@ class Utterance:
             spk=str(data.get("spk") or ""),
             text=str(data.get("text") or ""),
             duration_s=None if data.get("duration_s") is None else float(data["duration_s"]),
+            start_s=None if data.get("start_s") is None else float(data["start_s"]),
+            end_s=None if data.get("end_s") is None else float(data["end_s"]),
+            channel=None if data.get("channel") is None else int(data["channel"]),
         )
 
     def copy_with(self, **changes: Any) -> Utterance:
@@ -74,6 +89,9 @@ class ShardSpec:
     """One unit of corpus work: some utterances, one op, one output file.
 
     `run` names the run whose driver hears of the shard once its file is written ('' : nobody).
+    `out_dir` is a folder or an object-store URL (`s3://bucket/run`). `tar`, when set, is a
+    WebDataset tar shard (path or URL) whose samples are the shard's utterances, known only once
+    it is read (`utts` is then empty).
 
     >>> ShardSpec(shard=3, op="embed", out_dir="/runs/x", utts=[Utterance("a", "/d/a.wav")])
     """
@@ -83,6 +101,7 @@ class ShardSpec:
     out_dir: str
     utts: list[Utterance] = field(default_factory=list)
     run: str = ""
+    tar: str = ""
 
     @property
     def name(self) -> str:
@@ -94,13 +113,16 @@ class ShardSpec:
         return sum(u.duration_s or 0.0 for u in self.utts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "shard": self.shard,
             "op": self.op,
             "out_dir": self.out_dir,
             "utts": [u.to_dict() for u in self.utts],
             "run": self.run,
         }
+        if self.tar:
+            data["tar"] = self.tar
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShardSpec:
@@ -110,6 +132,7 @@ class ShardSpec:
             out_dir=str(data["out_dir"]),
             utts=[Utterance.from_dict(u) for u in data["utts"]],
             run=str(data.get("run") or ""),
+            tar=str(data.get("tar") or ""),
         )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "VOXMILL_"
@@ -107,7 +107,16 @@ class Settings(BaseSettings):
     allowed_roots: tuple[Path, ...] = _f(
         (),
         "Folders path jobs may read, after resolving symlinks (a list here, ':'-separated in the "
-        "environment); empty: the worker's working directory.",
+        "environment); empty: the worker's working directory. URL prefixes (s3://bucket/prefix, "
+        "gs://bucket, https://host/path) listed here are moved to allowed_url_roots.",
+    )
+    allowed_url_roots: tuple[str, ...] = _f(
+        (),
+        "URL prefixes jobs, corpus audio, tar shards and shard outputs may be read from or written to "
+        "(s3://bucket/prefix; compared by scheme, bucket and path on a '/' boundary, after removing "
+        "'.' and '..'). Set them in allowed_roots or VOXMILL_ALLOWED_ROOTS with the folders. With URL "
+        "prefixes but no folder, no local path is allowed. Store credentials and endpoints are the "
+        "store's own (AWS_ENDPOINT_URL, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS...), never here.",
     )
     max_file_bytes: int = _f(
         AudioLimits.max_file_bytes, "Largest audio file read (256 MiB), checked before reading."
@@ -180,6 +189,11 @@ class Settings(BaseSettings):
     local_ready_timeout_s: float = _f(
         120.0, "An embedded run whose local workers have not loaded their models by then stops."
     )
+    run_state_dir: Path = _f(
+        Path(".voxmill/runs"),
+        "Where a run whose --out is an object store keeps what must stay local: its lock file and, "
+        "for an embedded run, workers.log (one sub-folder per output URL).",
+    )
     audit_min_token_agreement: float = _f(
         1.0,
         "`voxmill audit`: the share of equal tokens each re-extracted utterance must reach (1.0: identical).",
@@ -218,11 +232,31 @@ class Settings(BaseSettings):
         # `load` merges the file and the environment itself, so tests can pass both in.
         return (init_settings,)
 
-    @field_validator("allowed_roots", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _url_roots_apart(cls, data: Any) -> Any:
+        """URL prefixes among the allowed roots go to `allowed_url_roots` (a Path cannot hold one)."""
+        from pipeline.storage import is_url, split_roots
+
+        if not isinstance(data, dict) or "allowed_roots" not in data:
+            return data
+        raw = data["allowed_roots"]
+        entries = split_roots(raw) if isinstance(raw, str) else list(raw or ())
+        urls = [e for e in entries if is_url(e)]
+        if not urls:
+            return data
+        extra = data.get("allowed_url_roots") or ()
+        extra = split_roots(extra) if isinstance(extra, str) else list(extra)
+        kept = tuple(e for e in entries if not is_url(e))
+        return {**data, "allowed_roots": kept, "allowed_url_roots": (*extra, *urls)}
+
+    @field_validator("allowed_roots", "allowed_url_roots", mode="before")
     @classmethod
     def _split_roots(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return tuple(p for p in value.split(":") if p)
+            from pipeline.storage import split_roots
+
+            return tuple(split_roots(value))
         return value
 
     @field_validator(
@@ -267,6 +301,8 @@ class Settings(BaseSettings):
 
     def roots(self) -> tuple[Path, ...]:
         """Allowed roots, resolved; the working directory when none are configured."""
+        if not self.allowed_roots and self.allowed_url_roots:
+            return ()  # only URL prefixes were allowed: no local path is
         roots = self.allowed_roots or (Path.cwd(),)
         return tuple(Path(r).resolve() for r in roots)
 
@@ -276,8 +312,10 @@ class Settings(BaseSettings):
         for name, value in self.model_dump().items():
             if value is None:
                 continue
+            if name == "allowed_url_roots":
+                continue  # travels in VOXMILL_ALLOWED_ROOTS, with the folders
             if name == "allowed_roots":
-                value = ":".join(str(p) for p in value)
+                value = ":".join([*(str(p) for p in value), *self.allowed_url_roots])
             env[ENV_PREFIX + name.upper()] = str(value)
         return env
 

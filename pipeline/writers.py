@@ -14,8 +14,11 @@ spanning a hot reload can be split exactly.
 
 Every file is written to `.{name}.tmp-{pid}-{random}` in its own folder, fsynced and renamed over
 the final name, so a file is complete or absent and a redelivered shard simply overwrites identical
-data. `pipeline.merge.merge_outputs` reads the shard files of a plan and writes the contract's
-outputs (DESIGN.md, "Output of extract"), each utterance exactly once per op.
+data. An output folder in an object store (`--out s3://bucket/run`, `pipeline.storage.ObjectFolder`)
+gets each file as one PUT of the whole object, which is complete or absent in the same way. A tar
+shard's file lists what the tar held, in the tar's order. `pipeline.merge.merge_outputs` reads the
+shard files of a plan and writes the contract's outputs (DESIGN.md, "Output of extract"), each
+utterance exactly once per op.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import INTERNAL, OUTPUT_ERROR, VoxmillError
+from pipeline import storage
+from pipeline.errors import INTERNAL, NOT_FOUND, OUTPUT_ERROR, VoxmillError
 from pipeline.quality import STAT_FIELDS
-from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, TaskResult
+from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, TaskResult, Utterance
+from pipeline.storage import OutputLocation, output_location
 
 MODELS_METADATA_KEY = b"voxmill.models"
 SHARDS_DIR = "shards"
@@ -137,6 +142,18 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def write_table_at(out: OutputLocation, name: str, table: pa.Table) -> None:
+    """Write a table as one parquet file `name` of an output location, complete or absent."""
+    with out.writer(name) as stream:
+        pq.write_table(table, stream)
+
+
+def write_text_at(out: OutputLocation, name: str, text: str) -> None:
+    """Write UTF-8 text as `name` of an output location, complete or absent."""
+    with out.writer(name) as stream:
+        stream.write(text.encode("utf-8"))
+
+
 # --------------------------------------------------------------------------- shard files
 
 
@@ -145,24 +162,37 @@ def shard_path(out_dir: Path, op: str, shard: int) -> Path:
     return Path(out_dir) / SHARDS_DIR / f"{op}-{shard:06d}.parquet"
 
 
-def write_shard(out_dir: Path, spec: ShardSpec, results: list[TaskResult]) -> Path:
-    """Write the shard file of `spec` (`results[i]` belongs to `spec.utts[i]`); returns its path."""
-    if len(results) != len(spec.utts):
-        raise VoxmillError(
-            INTERNAL, f"shard {spec.name}: {len(results)} results for {len(spec.utts)} utterances"
-        )
-    table = shard_table(spec, results)
-    path = shard_path(out_dir, spec.op, spec.shard)
-    write_parquet(path, table)
-    return path
+def shard_file_name(op: str, shard: int) -> str:
+    """The shard file's name inside an output location: `shards/{op}-{shard:06d}.parquet`."""
+    return f"{SHARDS_DIR}/{op}-{shard:06d}.parquet"
 
 
-def shard_table(spec: ShardSpec, results: Sequence[TaskResult]) -> pa.Table:
+def write_shard(
+    out_dir: Path | str | OutputLocation,
+    spec: ShardSpec,
+    results: list[TaskResult],
+    utts: Sequence[Utterance] | None = None,
+) -> Path | str:
+    """Write the shard file of `spec` (`results[i]` belongs to `spec.utts[i]`, or to `utts[i]`
+    for a tar shard, whose utterances are what the tar held); returns its path or URL."""
+    rows = spec.utts if utts is None else utts
+    if len(results) != len(rows):
+        raise VoxmillError(INTERNAL, f"shard {spec.name}: {len(results)} results for {len(rows)} utterances")
+    table = shard_table(spec, results, rows)
+    out = output_location(out_dir)
+    name = shard_file_name(spec.op, spec.shard)
+    write_table_at(out, name, table)
+    return out.ref(name)
+
+
+def shard_table(
+    spec: ShardSpec, results: Sequence[TaskResult], utts: Sequence[Utterance] | None = None
+) -> pa.Table:
     """The shard's rows as a table of `SHARD_SCHEMA`, the models in the schema metadata."""
     tokens = spec.op in TOKEN_OPS
     embeds = spec.op in EMBEDDING_OPS
     columns: dict[str, list[Any]] = {name: [] for name in SHARD_SCHEMA.names}
-    for utt, result in zip(spec.utts, results, strict=True):
+    for utt, result in zip(spec.utts if utts is None else utts, results, strict=True):
         error = result.error
         columns["utt"].append(utt.utt)
         columns["spk"].append(utt.spk)
@@ -196,10 +226,15 @@ def _models_of(results: Iterable[TaskResult]) -> Models:
     return models
 
 
-def read_shard(path: Path) -> pa.Table:
-    """Read a shard file; a missing or unreadable one is `VoxmillError("output_error")`."""
+def read_shard(path: Path | str) -> pa.Table:
+    """Read a shard file (a path or URL); a missing or unreadable one is `VoxmillError("output_error")`."""
     try:
+        if isinstance(path, str) and storage.is_url(path):
+            return pq.read_table(pa.BufferReader(storage.read_url(path)))
         return pq.read_table(path)
+    except VoxmillError as exc:
+        what = "is missing" if exc.code == NOT_FOUND else f"cannot be read: {exc.message}"
+        raise VoxmillError(OUTPUT_ERROR, f"shard file {path} {what}") from exc
     except FileNotFoundError as exc:
         raise VoxmillError(OUTPUT_ERROR, f"shard file {path} is missing") from exc
     except (OSError, pa.ArrowException) as exc:
@@ -215,7 +250,7 @@ def shard_models(table: pa.Table) -> Models:
     return models
 
 
-def shard_counts(path: Path) -> tuple[int, int]:
+def shard_counts(path: Path | str) -> tuple[int, int]:
     """(ok, failed) row counts of a shard file."""
     codes = read_shard(path).column("error_code")
     failed = len(codes) - codes.null_count
