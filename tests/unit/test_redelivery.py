@@ -172,8 +172,12 @@ def test_a_job_found_again_between_looks_starts_its_confirmation_over() -> None:
     job = Delivery("embed", sent_at=0.0)
     _, job = verdict(job, 6.0, 5.0, queued=False, running=False, confirm_s=3.0)
     _, job = verdict(job, 7.0, 5.0, queued=False, running=True, confirm_s=3.0)  # it was running
-    step, job = verdict(job, 10.0, 5.0, queued=False, running=False, confirm_s=3.0)
-    assert step == SUSPECT and job.missing_since == 10.0
+    assert job.missing_since is None and job.seen_at == 7.0
+    # seen a moment ago: not looked for again before another deadline has passed
+    assert not job.overdue(10.0, 5.0)
+    assert verdict(job, 10.0, 5.0, queued=False, running=False, confirm_s=3.0)[0] == WAIT
+    step, job = verdict(job, 12.5, 5.0, queued=False, running=False, confirm_s=3.0)
+    assert step == SUSPECT and job.missing_since == 12.5
 
 
 def test_the_task_id_of_a_queued_message() -> None:

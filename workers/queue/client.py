@@ -346,13 +346,14 @@ class Client:
         again those that are lost. Redis in trouble: nothing now, the next look tries again."""
         try:
             view = self.workers()
+            reasons = {op: view.unservable(op) for op in dict.fromkeys(job.op for job in late)}
             answered = []
             for job in late:
-                reason = view.unservable(job.op)
+                reason = reasons[job.op]
                 if reason is not None:
                     error = {"code": MODEL_ERROR, "message": reason}
                     answered.append((job, TaskResult(input=job.label, op=job.op, error=error)))
-            self._redeliver([job for job in late if job not in {j for j, _ in answered}], deliveries, view)
+            self._redeliver([job for job in late if reasons[job.op] is None], deliveries, view)
             return answered
         except (redis.RedisError, OperationalError, OSError) as exc:
             log.warning("broker unreachable while looking at late jobs (%s); looking again later", exc)

@@ -128,19 +128,23 @@ def deadline_s(latencies_s: Sequence[float], minimum_s: float, factor: float) ->
 @dataclass(frozen=True)
 class Delivery:
     """The producer's record of one pending job: its queue, when it was last sent, how often,
-    and since when a look found it nowhere (None: not found missing)."""
+    when a look last found it queued or running, and since when looks find it nowhere."""
 
     queue: str
     sent_at: float
     attempts: int = 1
     missing_since: float | None = None
+    seen_at: float | None = None
 
     def deadline_s(self, base_s: float) -> float:
         """This attempt's deadline: the base, doubled for each attempt after the first (bounded)."""
         return base_s * float(min(2 ** (self.attempts - 1), tuning.MAX_DEADLINE_DOUBLINGS))
 
     def overdue(self, now: float, base_s: float) -> bool:
-        return now - self.sent_at > self.deadline_s(base_s)
+        """Late, and not seen queued or running within a deadline: a job found waiting is looked
+        for again only a deadline later (a long queue is not read at every look)."""
+        since = self.sent_at if self.seen_at is None else max(self.sent_at, self.seen_at)
+        return now - since > self.deadline_s(base_s)
 
     def resent(self, now: float) -> Delivery:
         return Delivery(self.queue, now, self.attempts + 1)
@@ -155,7 +159,7 @@ def verdict(
     worker's record names it.
     """
     if queued or running:
-        return WAIT, replace(delivery, missing_since=None)
+        return WAIT, replace(delivery, missing_since=None, seen_at=now)
     if not delivery.overdue(now, base_s):
         return WAIT, delivery
     if delivery.missing_since is None:
