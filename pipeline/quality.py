@@ -61,7 +61,9 @@ def clip_stats(
     squares = 0.0
     for start in range(0, n, _CHUNK):
         chunk = wave[start : start + _CHUNK].astype(np.float64)
-        squares += float(np.dot(chunk, chunk))
+        # Not np.dot: a BLAS call starts a thread per core, which then competes with the other
+        # worker processes' models (each clip took 15x longer in a 2-process run).
+        squares += float(np.square(chunk).sum())
     peak = float(max(wave.max(), -wave.min())) if n else 0.0
     clipped = int(np.count_nonzero(wave >= CLIP_LEVEL) + np.count_nonzero(wave <= -CLIP_LEVEL))
     speech = None if speech_s is None else round(min(float(speech_s), duration_s), 4)

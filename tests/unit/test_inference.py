@@ -119,3 +119,19 @@ def test_extractor_without_a_role_says_so(tmp_path: Path) -> None:
     with Extractor.from_model_dir(tmp_path, roles=["embedder"]) as ex, pytest.raises(VoxmillError) as caught:
         ex.tokenize(FIXTURES / "chirp_3s.wav")
     assert caught.value.code == "model_error" and "tokenizer" in caught.value.message
+
+
+
+@pytest.mark.parametrize("blas", ["dot", "vdot", "inner", "matmul", "tensordot"])
+def test_a_clip_calls_no_blas(tiny_models: Path, blas: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker processes run one single-threaded model each, one per core: a BLAS call in the per-clip
+    path (np.dot of a long vector, a dense matmul) wakes a thread per core that competes with them
+    (each clip of a 2-process run took 15x longer)."""
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"np.{blas} called in the per-clip path")
+
+    with Extractor.from_model_dir(tiny_models, provider="cpu") as extractor:
+        monkeypatch.setattr(np, blas, refused)
+        for op in ("tokenize", "embed", "extract"):
+            assert run_clip("x", FIXTURES / "chirp_3s.wav", op, extractor.sessions, AudioLimits()).ok
