@@ -295,6 +295,12 @@ def extract(
         show_default=False,
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    audit_sample: int = typer.Option(
+        0,
+        "--audit",
+        help="Then audit this many utterances (as `voxmill audit`); exit 1 when the audit fails.",
+        show_default=False,
+    ),
     metrics_port: int = typer.Option(
         0,
         "--metrics-port",
@@ -332,6 +338,58 @@ def extract(
         err.print(f"interrupted; run the same command again to resume from {out_dir}")
         raise typer.Exit(130) from None
     print_outputs(out_dir, report)
+    if audit_sample:
+        from workers.corpus.audit import audit_output
+
+        audited = audit_output(out_dir, settings, audit_sample, seed=0)
+        for line in audited.lines():
+            out.print(line)
+        raise typer.Exit(0 if audited.ok else 1)
+
+
+@app.command()
+def audit(
+    out_dir: Path = typer.Argument(..., metavar="OUT", help="A finished `extract` output folder."),
+    sample: int = typer.Option(32, "--sample", help="Utterances to re-extract."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the sample: the same seed audits the same utterances."
+    ),
+    models: Path | None = typer.Option(None, "--models", help=MODELS_HELP),
+    as_json: bool = typer.Option(False, "--json", help="The whole report as JSON."),
+) -> None:
+    """Re-extract a random sample of a finished run on the CPU reference path and compare.
+
+    Reports token agreement and embedding cosine per model sha256 against the stored rows, and
+    writes OUT/audit.json. Exit 1 below the thresholds (audit_min_token_agreement, default:
+    identical tokens; audit_min_cosine, default 0.9999), 2 when it could not run.
+    """
+    from pipeline.errors import VoxmillError
+    from workers.corpus.audit import audit_output
+
+    settings = load_settings(models)
+    require_models(settings, ["extract"], folder_only=True)
+    try:
+        report = audit_output(out_dir, settings, sample, seed)
+    except (VoxmillError, OSError, ValueError) as exc:
+        fail(exc.message if isinstance(exc, VoxmillError) else f"cannot audit {out_dir}: {exc}")
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        for line in report.lines():
+            out.print(line)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def report(
+    out_dir: Path = typer.Argument(..., metavar="OUT", help="An `extract` output folder."),
+    html: Path = typer.Option(..., "--html", help="The page to write (one self-contained file)."),
+) -> None:
+    """Write one self-contained HTML page about a run: durations, speech ratios, speakers, failures,
+    throughput, models."""
+    from workers.observe.report_html import write_report
+
+    out.print(f"wrote {write_report(out_dir, html)}")
 
 
 @app.command("export-cosyvoice")
