@@ -1,13 +1,27 @@
 """Corpus listings, read as a stream (pure: no queue, no audio opened).
 
-`CorpusListing(source)` accepts the three input kinds of `voxmill extract` (DESIGN.md, Contract):
+`CorpusListing(source)` accepts the input kinds of `voxmill extract` (DESIGN.md, Contract):
 
 - a Kaldi data dir (CosyVoice's layout): `wav.scp` ("utt path", split on the first whitespace so
   paths may hold spaces), optional `utt2spk` ("utt spk"), `text` ("utt words...") and `utt2dur`
-  ("utt seconds");
+  ("utt seconds"); with a `segments` file ("utt rec start end", end -1: to the recording's end)
+  `wav.scp` maps recording ids to paths (held as a dict: recordings are few next to segments)
+  and each segment is an utterance; `reco2dur` ("rec seconds") is optional;
 - a JSONL manifest: one `{"utt", "path", "spk"?, "text"?, "duration"?}` object per line;
+- a lhotse CutSet (`cuts.jsonl[.gz]`, its documented JSONL form; the lhotse package is not used):
+  each supervision of a cut is an utterance (the segment of the recording it covers inside the
+  cut), a cut without supervisions is one; or a recordings + supervisions pair
+  (`*recordings*.jsonl[.gz]` and `*supervisions*.jsonl[.gz]`, a folder holding both or the
+  supervisions file): each supervision is an utterance (the recordings are held as a dict);
+- WebDataset tar shards: one `.tar` (path or URL), a folder of them (a URL ending in `/`), a
+  list (`.txt`/`.list`, a tar path or URL per line) or a brace pattern (`shards/{000..127}.tar`).
+  Their utterances are known only once a worker reads a tar, so the listing yields one entry per
+  tar (utt = the tar as listed, path = where it is) and sets `tars`;
 - any other folder: audio files found recursively; utt = path relative to the folder without its
   extension (posix separators), spk = name of the parent folder.
+
+Audio paths may be `s3://`, `gs://` or `http(s)://` URLs; a manifest, cuts, a tar list or tar
+shards may themselves be at a URL (read through `pipeline.storage`).
 
 Iterating it yields `Utterance`s in listing order without holding the listing in memory: a Kaldi
 dir's side files are joined as they stream by (kept aside only where their order differs from
@@ -19,32 +33,44 @@ raised.
 
 Relative audio paths are taken relative to the folder of the file that names them and made
 absolute without resolving symlinks (workers check paths against the allowed roots themselves). A
-missing audio file is not an error here: the worker reports `not_found` for that utterance. An
+missing audio file is not an error here: the worker reports `not_found` for that utterance. A
+Kaldi pipe (`wav.scp` line ending in `|`) and a lhotse `command` source are refused: voxmill never
+runs a shell command named by a corpus file. An
 utterance without speaker information is its own speaker (Kaldi's convention), so speaker
 embeddings never pool unrelated clips.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 
+from pipeline import storage
 from pipeline.errors import BAD_REQUEST, VoxmillError
 from pipeline.records import OPS, Utterance
+from pipeline.storage import is_url
 
 AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".aac", ".wma"})
 KALDI_WAV_SCP = "wav.scp"
 KALDI_UTT2SPK = "utt2spk"
 KALDI_TEXT = "text"
 KALDI_UTT2DUR = "utt2dur"
+KALDI_SEGMENTS = "segments"
+KALDI_RECO2DUR = "reco2dur"
 MANIFEST_SUFFIX = ".jsonl"
+GZ_MANIFEST_SUFFIX = ".jsonl.gz"
+TAR_SUFFIX = ".tar"
+TAR_LIST_SUFFIXES = (".txt", ".list", ".lst")
+NO_SHELL = "voxmill never runs a shell command named by a corpus file"
+Source = Path | str
 MAX_LISTED_PROBLEMS = 20
 DURATION_FIELDS = ("duration", "duration_s")
 
@@ -75,12 +101,12 @@ class _Problems:
     def __init__(self) -> None:
         self.by_file: dict[str, list[tuple[int, str]]] = {}
 
-    def register(self, *files: Path) -> None:
+    def register(self, *files: Path | str) -> None:
         """The files of a listing, in the order their problems are reported."""
         for file in files:
             self.by_file.setdefault(str(file), [])
 
-    def add(self, file: Path, line: int | None, what: str) -> None:
+    def add(self, file: Path | str, line: int | None, what: str) -> None:
         """Record one problem; `line` None for a problem of the whole file."""
         text = f"{file}: {what}" if line is None else f"{file} line {line}: {what}"
         self.by_file.setdefault(str(file), []).append((line or 0, text))
@@ -154,42 +180,69 @@ class _Ids:
 
 
 class CorpusListing:
-    """A corpus listing of `source`, read as it is iterated (once)."""
+    """A corpus listing of `source`, read as it is iterated (once).
 
-    def __init__(self, source: Path) -> None:
-        self.source = Path(source)
+    `tars` is set when the source is WebDataset tar shards: then each item is a tar, not an
+    utterance (`Utterance(utt=tar as listed, path=tar)`).
+    """
+
+    def __init__(self, source: Source) -> None:
+        self.source: Source = as_source(source)
         self.problems = _Problems()
         self.durations_listed = False
         self.count = 0
+        self.tars = input_is_tars(self.source)
         self._ids = _Ids()
 
     def __iter__(self) -> Iterator[Utterance]:
         source = self.source
-        if source.is_dir() and (source / KALDI_WAV_SCP).is_file():
+        utts: Iterator[Utterance]
+        if self.tars:
+            utts = self._tars(source)
+        elif isinstance(source, str):
+            utts = self._remote(source)
+        elif source.is_dir() and (source / KALDI_WAV_SCP).is_file():
             utts = self._kaldi(source)
+        elif source.is_dir() and (pair := _lhotse_pair(source)) is not None:
+            utts = self._lhotse_pair(*pair)
         elif source.is_dir():
             utts = self._folder(source)
         elif source.is_file() and source.name == KALDI_WAV_SCP:
             utts = self._kaldi(source.parent)
-        elif source.is_file() and source.suffix.lower() == MANIFEST_SUFFIX:
-            utts = self._manifest(source)
+        elif source.is_file() and _is_jsonl(source.name):
+            utts = self._jsonl(source)
         elif not source.exists():
             self.problems.add(source, None, "no such file or folder")
             return
         else:
-            what = "not a Kaldi data dir (with wav.scp), a .jsonl manifest or a folder of audio files"
+            what = (
+                "not a Kaldi data dir (with wav.scp), a .jsonl manifest, lhotse cuts, WebDataset .tar "
+                "shards or a folder of audio files"
+            )
             self.problems.add(source, None, what)
             return
         for utt in utts:
             self.count += 1
             yield utt
 
+    def _remote(self, url: str) -> Iterator[Utterance]:
+        """A listing file at a URL: a JSONL manifest or lhotse cuts."""
+        if _is_jsonl(url):
+            return self._jsonl(url)
+        self.problems.add(
+            url,
+            None,
+            "a URL input must be a .jsonl[.gz] manifest or lhotse cuts, a .tar, a brace pattern of "
+            ".tar, a prefix of .tar shards (ending in '/') or a .txt list of tars",
+        )
+        return iter(())
+
     def raise_problems(self) -> None:
         """Raise every problem found so far (call it once the iteration ended)."""
         if self.problems.items:
             raise CorpusError(self.problems.items)
 
-    def _check_ids(self, file: Path, id_of: Callable[[str], str]) -> None:
+    def _check_ids(self, file: Source, id_of: Callable[[str], str]) -> None:
         """Report every utt listed twice; the ids were kept as digests, so the repeated lines are
         read again to name them."""
         repeats = self._ids.repeats()
@@ -203,6 +256,9 @@ class CorpusListing:
 
     # -- Kaldi data dir ----------------------------------------------------------------------
     def _kaldi(self, folder: Path) -> Iterator[Utterance]:
+        if (folder / KALDI_SEGMENTS).is_file():
+            yield from self._kaldi_segments(folder)
+            return
         wav_scp = folder / KALDI_WAV_SCP
         self.problems.register(
             wav_scp, *(folder / name for name in (KALDI_UTT2SPK, KALDI_TEXT, KALDI_UTT2DUR))
@@ -218,8 +274,7 @@ class CorpusListing:
                 self.problems.add(wav_scp, line.number, f"expected 'utt path', got {line.text.strip()!r}")
                 continue
             if rest.endswith("|"):
-                what = f"piped commands are not supported ({rest!r}); list audio files"
-                self.problems.add(wav_scp, line.number, what)
+                self.problems.add(wav_scp, line.number, _pipe_refused(rest))
                 continue
             self._ids.add(utt, line.number)
             seconds = durations.value(utt)
@@ -236,8 +291,124 @@ class CorpusListing:
         for side in (speakers, texts, durations):
             side.finish(self._ids)
 
+    def _kaldi_segments(self, folder: Path) -> Iterator[Utterance]:
+        """`segments` ("utt rec start end"): each line an utterance of recording `rec` of wav.scp."""
+        wav_scp, segments = folder / KALDI_WAV_SCP, folder / KALDI_SEGMENTS
+        side = (KALDI_UTT2SPK, KALDI_TEXT, KALDI_UTT2DUR, KALDI_RECO2DUR)
+        self.problems.register(segments, wav_scp, *(folder / name for name in side))
+        recordings: dict[str, str] = {}
+        base = str(folder.absolute())
+        for line in _lines(wav_scp, self.problems):
+            rec, rest = _split_first(line.text)
+            if not rest:
+                what = f"expected 'recording path', got {line.text.strip()!r}"
+                self.problems.add(wav_scp, line.number, what)
+            elif rest.endswith("|"):
+                self.problems.add(wav_scp, line.number, _pipe_refused(rest))
+            elif rec in recordings:
+                self.problems.add(wav_scp, line.number, f"duplicate recording {rec!r}")
+            else:
+                recordings[rec] = _absolute(base, rest)
+        lengths = _durations_of(folder / KALDI_RECO2DUR, self.problems)
+        speakers = _SideFile(folder / KALDI_UTT2SPK, self.problems, "utt spk", single_word=True)
+        texts = _SideFile(folder / KALDI_TEXT, self.problems, "utt words", single_word=False)
+        self.durations_listed = True
+        for line in _lines(segments, self.problems):
+            parsed = _segment_line(line.text, recordings, lengths)
+            if isinstance(parsed, str):
+                self.problems.add(segments, line.number, parsed)
+                continue
+            utt, path, start, end = parsed
+            self._ids.add(utt, line.number)
+            yield Utterance(
+                utt=utt,
+                path=path,
+                spk=speakers.value(utt) or utt,
+                text=texts.value(utt) or "",
+                duration_s=None if end is None else max(0.0, end - start),
+                start_s=start,
+                end_s=end,
+            )
+            if end is None:
+                self.durations_listed = False
+        if self.count == 0 and not self.problems.items:
+            self.problems.add(segments, None, "lists no utterances")
+        self._check_ids(segments, lambda text: _split_first(text)[0])
+        for side_file in (speakers, texts):
+            side_file.finish(self._ids)
+
+    # -- WebDataset tar shards -----------------------------------------------------------------
+    def _tars(self, source: Source) -> Iterator[Utterance]:
+        """One entry per tar, in the order listed (a folder's or prefix's: sorted by name)."""
+        tars = _tar_paths(source, self.problems)
+        for number, tar in enumerate(tars, start=1):
+            self._ids.add(tar, number)
+            yield Utterance(utt=tar, path=tar)
+        if self.count == 0 and not self.problems.items:
+            self.problems.add(source, None, "lists no .tar shards")
+        repeats = self._ids.repeats()
+        for line, first in sorted(repeats.items()):
+            self.problems.add(source, line, f"tar {tars[line - 1]!r} listed twice (first as number {first})")
+
+    # -- lhotse ----------------------------------------------------------------------------------
+    def _jsonl(self, file: Source) -> Iterator[Utterance]:
+        """A JSONL file: a manifest, lhotse cuts, or lhotse supervisions (their recordings beside)."""
+        kind = _jsonl_kind(file)
+        if kind == "cuts":
+            return self._cuts(file)
+        if kind == "supervisions":
+            recordings = _recordings_beside(file)
+            if recordings is None:
+                self.problems.add(file, None, "lhotse supervisions without a recordings file beside them")
+                return iter(())
+            return self._lhotse_pair(recordings, file)
+        return self._manifest(file)
+
+    def _cuts(self, file: Source) -> Iterator[Utterance]:
+        base = _parent(file)
+        for line in _lines(file, self.problems):
+            found = _cut_utterances(line.text, base)
+            if isinstance(found, str):
+                self.problems.add(file, line.number, found)
+                continue
+            for utt in found:
+                self._ids.add(utt.utt, line.number)
+                yield utt
+        self.durations_listed = True
+        if self.count == 0 and not self.problems.items:
+            self.problems.add(file, None, "lists no cuts")
+        self._check_lhotse_ids(file)
+
+    def _lhotse_pair(self, recordings_file: Source, supervisions_file: Source) -> Iterator[Utterance]:
+        self.problems.register(supervisions_file, recordings_file)
+        recordings: dict[str, _Recording] = {}
+        base = _parent(recordings_file)
+        for line in _lines(recordings_file, self.problems):
+            recording = _recording_entry(line.text, base)
+            if isinstance(recording, str):
+                self.problems.add(recordings_file, line.number, recording)
+            elif recording.id in recordings:
+                self.problems.add(recordings_file, line.number, f"duplicate recording {recording.id!r}")
+            else:
+                recordings[recording.id] = recording
+        for line in _lines(supervisions_file, self.problems):
+            utt = _supervision_entry(line.text, recordings)
+            if isinstance(utt, str):
+                self.problems.add(supervisions_file, line.number, utt)
+                continue
+            self._ids.add(utt.utt, line.number)
+            yield utt
+        self.durations_listed = True
+        if self.count == 0 and not self.problems.items:
+            self.problems.add(supervisions_file, None, "lists no supervisions")
+        self._check_lhotse_ids(supervisions_file)
+
+    def _check_lhotse_ids(self, file: Source) -> None:
+        for line, first in sorted(self._ids.repeats().items()):
+            self.problems.add(file, line, f"duplicate utterance id (first on line {first})")
+
     # -- JSONL manifest ----------------------------------------------------------------------
-    def _manifest(self, file: Path) -> Iterator[Utterance]:
+    def _manifest(self, file: Source) -> Iterator[Utterance]:
         for line in _lines(file, self.problems):
             utt = _manifest_entry(file, line, self.problems)
             if utt is None:
@@ -270,7 +441,7 @@ class CorpusListing:
             self.problems.add(folder, None, f"holds no audio files ({', '.join(sorted(AUDIO_EXTENSIONS))})")
 
 
-def read_corpus(source: Path) -> list[Utterance]:
+def read_corpus(source: Source) -> list[Utterance]:
     """The whole corpus at `source`, in listing order (`CorpusError` for any problem in it)."""
     listing = CorpusListing(source)
     utts = list(listing)
@@ -394,7 +565,7 @@ def _split_first(text: str) -> tuple[str, str]:
 # --------------------------------------------------------------------------- JSONL manifest
 
 
-def _manifest_entry(file: Path, line: _Line, problems: _Problems) -> Utterance | None:
+def _manifest_entry(file: Source, line: _Line, problems: _Problems) -> Utterance | None:
     """One manifest line as an `Utterance`, or None after reporting what is wrong with it."""
     try:
         data = json.loads(line.text)
@@ -412,7 +583,7 @@ def _manifest_entry(file: Path, line: _Line, problems: _Problems) -> Utterance |
     duration = next((data[key] for key in DURATION_FIELDS if isinstance(data.get(key), (int, float))), None)
     return Utterance(
         utt=utt,
-        path=_absolute(file.parent, data["path"]),
+        path=_absolute(_parent(file), data["path"]),
         spk=data.get("spk") or utt,
         text=data.get("text") or "",
         duration_s=float(duration) if duration is not None and duration >= 0 else None,
@@ -467,33 +638,364 @@ def _audio_files(base: Path, rel_dir: PurePosixPath = PurePosixPath()) -> Iterat
 # --------------------------------------------------------------------------- helpers
 
 
-def _lines(file: Path, problems: _Problems) -> Iterator[_Line]:
-    """Non-blank lines of a UTF-8 text file, streamed; an unreadable file or line is reported."""
+def _lines(file: Source, problems: _Problems) -> Iterator[_Line]:
+    """Non-blank lines of a UTF-8 text file (local or at a URL; gzip when it ends in .gz), streamed;
+    an unreadable file or line is reported."""
     try:
-        stream = open(file, "rb")  # noqa: SIM115 - closed below, whatever the caller does
+        raw: IO[bytes] = storage.open_input(file)
+    except VoxmillError as exc:
+        problems.add(file, None, f"cannot be read ({exc.message})")
+        return
     except OSError as exc:
         problems.add(file, None, f"cannot be read ({exc.strerror or exc})")
         return
-    with stream:
-        for number, chunk in enumerate(stream, start=1):
-            try:
-                text = chunk.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError:
-                problems.add(file, number, "is not valid UTF-8")
-                continue
-            if number == 1:
-                text = text.removeprefix("\ufeff")
-            if text.strip():
-                yield _Line(number, text)
+    stream = cast(IO[bytes], gzip.GzipFile(fileobj=raw)) if str(file).endswith(".gz") else raw
+    with raw, stream:
+        number = 0
+        try:
+            for number, chunk in enumerate(stream, start=1):  # noqa: B007 - the count outlives the loop
+                try:
+                    text = chunk.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError:
+                    problems.add(file, number, "is not valid UTF-8")
+                    continue
+                if number == 1:
+                    text = text.removeprefix("\ufeff")
+                if text.strip():
+                    yield _Line(number, text)
+        except (OSError, EOFError) as exc:  # a truncated or corrupt .gz
+            problems.add(file, number + 1, f"cannot be read further ({exc})")
 
 
 def _absolute(base: Path | str, path: str) -> str:
-    """`path` made absolute relative to `base` (symlinks and '..' are kept as written). Plain string
+    """`path` made absolute relative to `base` (symlinks and '..' are kept as written); a URL stays
+    as it is, and a relative path in a listing at a URL becomes a URL beside it. Plain string
     joins: this runs once per utterance of a listing."""
+    if "://" in path and is_url(path):
+        return path
     base_text = base if isinstance(base, str) else str(base.absolute())
+    if "://" in base_text and is_url(base_text):
+        return path if path.startswith("/") else str(storage.parse_url(base_text).join(path))
     if "//" in path or "./" in path or path.endswith("/"):  # what pathlib would tidy: let it
         return str(Path(base_text, path))
     return path if path.startswith("/") else f"{base_text}/{path}"
+
+
+def _parent(file: Source) -> Path | str:
+    """The folder of a listing file: a Path, or a URL for a listing at a URL."""
+    if isinstance(file, str):
+        return str(storage.parse_url(file).parent)
+    return file.parent.absolute()
+
+
+def as_source(source: Source) -> Source:
+    """An `extract` input as this module reads it: a URL or a brace pattern stays a string,
+    anything else is a Path. A URL that went through `Path()` (`s3:/bucket/x`) is mended."""
+    text = str(source)
+    for scheme in storage.URL_SCHEMES:
+        if text.startswith(f"{scheme}:/") and not text.startswith(f"{scheme}://"):
+            text = f"{scheme}://{text[len(scheme) + 2 :]}"
+            break
+    if is_url(text) or _is_pattern(text):
+        return text
+    return Path(source)
+
+
+def _is_pattern(text: str) -> bool:
+    return "{" in text and "}" in text.split("{", 1)[1]
+
+
+def _is_jsonl(name: str) -> bool:
+    lower = name.lower()
+    return lower.endswith(MANIFEST_SUFFIX) or lower.endswith(GZ_MANIFEST_SUFFIX)
+
+
+def input_is_tars(source: Source) -> bool:
+    """Whether `source` names WebDataset tar shards (a .tar, a pattern, a list, a folder of them)."""
+    if isinstance(source, str):
+        lower = source.lower()
+        return (
+            lower.endswith(TAR_SUFFIX)
+            or lower.endswith(TAR_LIST_SUFFIXES)
+            or (is_url(source) and source.endswith("/"))
+        )
+    if source.is_file():
+        if source.suffix.lower() in TAR_LIST_SUFFIXES:  # a list of tars: its first line names one
+            first = next(_lines(source, _Problems()), None)
+            return first is not None and first.text.strip().lower().endswith(TAR_SUFFIX)
+        return source.suffix.lower() == TAR_SUFFIX
+    if source.is_dir() and not (source / KALDI_WAV_SCP).is_file() and _lhotse_pair(source) is None:
+        try:
+            with os.scandir(source) as entries:
+                return any(e.name.lower().endswith(TAR_SUFFIX) and e.is_file() for e in entries)
+        except OSError:
+            return False
+    return False
+
+
+def _tar_paths(source: Source, problems: _Problems) -> list[str]:
+    """The tars a tar input names, in order; problems for what cannot be listed."""
+    text = str(source)
+    if isinstance(source, str) and _is_pattern(source):
+        try:
+            return storage.expand_braces(source) if is_url(source) else [
+                _absolute(Path.cwd(), p) for p in storage.expand_braces(source)
+            ]
+        except VoxmillError as exc:
+            problems.add(source, None, exc.message)
+            return []
+    if isinstance(source, str) and source.endswith("/"):
+        try:
+            names = storage.list_url(source)
+        except VoxmillError as exc:
+            problems.add(source, None, f"cannot be listed ({exc.message})")
+            return []
+        return [_absolute(source, n) for n in names if n.lower().endswith(TAR_SUFFIX)]
+    if text.lower().endswith(TAR_SUFFIX):
+        return [text if isinstance(source, str) else str(source.absolute())]
+    if isinstance(source, Path) and source.is_dir():
+        names = sorted(e.name for e in os.scandir(source) if e.name.lower().endswith(TAR_SUFFIX))
+        return [str(source.absolute() / n) for n in names]
+    base = _parent(source)
+    return [_absolute(base, line.text.strip()) for line in _lines(source, problems)]
+
+
+def _pipe_refused(command: str) -> str:
+    return f"piped commands are not supported ({command!r}): {NO_SHELL}; list audio files"
+
+
+def _durations_of(file: Path, problems: _Problems) -> dict[str, float]:
+    """`reco2dur` ("rec seconds") as a dict; empty when there is no such file."""
+    if not file.exists():
+        return {}
+    lengths: dict[str, float] = {}
+    for line in _lines(file, problems):
+        rec, rest = _split_first(line.text)
+        try:
+            lengths[rec] = float(rest)
+        except ValueError:
+            problems.add(file, line.number, f"expected 'recording seconds', got {line.text.strip()!r}")
+    return lengths
+
+
+def _segment_line(
+    text: str, recordings: dict[str, str], lengths: dict[str, float]
+) -> tuple[str, str, float, float | None] | str:
+    """(utt, path, start, end or None) of a `segments` line, or what is wrong with it."""
+    parts = text.split()
+    if len(parts) != 4:
+        return f"expected 'utt recording start end', got {text.strip()!r}"
+    utt, rec, start_text, end_text = parts
+    if rec not in recordings:
+        return f"recording {rec!r} is not in {KALDI_WAV_SCP}"
+    try:
+        start, end = float(start_text), float(end_text)
+    except ValueError:
+        return f"start and end must be seconds, got {start_text!r} and {end_text!r}"
+    if start < 0:
+        return f"segment {utt!r} starts before 0 s"
+    if end == -1:  # Kaldi: to the end of the recording
+        return utt, recordings[rec], start, lengths.get(rec)
+    if end <= start:
+        return f"segment {utt!r} ends ({end:g} s) before it starts ({start:g} s)"
+    return utt, recordings[rec], start, end
+
+
+# --------------------------------------------------------------------------- lhotse
+
+
+@dataclass(frozen=True)
+class _Recording:
+    """A lhotse recording: its id and its sources as (path or URL, the channels it holds)."""
+
+    id: str
+    sources: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def _lhotse_pair(folder: Path) -> tuple[Path, Path] | None:
+    """(recordings, supervisions) of a folder holding exactly one file of each, else None."""
+    try:
+        names = [e.name for e in os.scandir(folder) if _is_jsonl(e.name)]
+    except OSError:
+        return None
+    recordings = [n for n in names if "recordings" in n]
+    supervisions = [n for n in names if "supervisions" in n]
+    if len(recordings) == 1 and len(supervisions) == 1:
+        return folder / recordings[0], folder / supervisions[0]
+    return None
+
+
+def _recordings_beside(file: Source) -> Source | None:
+    """The recordings file named like `file` with 'supervisions' replaced, if it exists."""
+    name = str(file).rsplit("/", 1)[-1]
+    if "supervisions" not in name:
+        return None
+    other = name.replace("supervisions", "recordings")
+    if isinstance(file, str):
+        url = str(storage.parse_url(file).parent.join(other))
+        return url if storage.url_exists(url) else None
+    candidate = file.parent / other
+    return candidate if candidate.exists() else None
+
+
+def _jsonl_kind(file: Source) -> str:
+    """'cuts', 'supervisions' or 'manifest', told from the first object of the file."""
+    for line in _lines(file, _Problems()):
+        try:
+            first = json.loads(line.text)
+        except json.JSONDecodeError:
+            return "manifest"  # its problems are reported as a manifest's
+        if not isinstance(first, dict):
+            return "manifest"
+        if "supervisions" in first or "recording" in first or str(first.get("type", "")).endswith("Cut"):
+            return "cuts"
+        if "recording_id" in first and "start" in first:
+            return "supervisions"
+        return "manifest"
+    return "manifest"
+
+
+def _lhotse_source(source: Any, base: Path | str) -> tuple[str, tuple[int, ...]] | str:
+    """(path or URL, channels) of one lhotse AudioSource, or why it cannot be read."""
+    if not isinstance(source, dict):
+        return "a recording source must be an object"
+    kind, where = source.get("type"), source.get("source")
+    channels = tuple(int(c) for c in source.get("channels") or (0,))
+    if kind == "command":
+        return f"recording source of type 'command' refused: {NO_SHELL}"
+    if kind not in ("file", "url") or not isinstance(where, str) or not where:
+        return f"recording source of type {kind!r} is not supported (file and url are)"
+    if kind == "url" and not is_url(where):
+        return f"recording URL scheme not supported (schemes: {', '.join(storage.URL_SCHEMES)})"
+    return _absolute(base, where), channels
+
+
+def _recording_entry(text: str, base: Path | str) -> _Recording | str:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not data.get("sources"):
+        return "expected a lhotse recording: an object with 'id' and 'sources'"
+    sources = []
+    for source in data["sources"]:
+        parsed = _lhotse_source(source, base)
+        if isinstance(parsed, str):
+            return parsed
+        sources.append(parsed)
+    return _Recording(data["id"], tuple(sources))
+
+
+def _channel_of(recording: _Recording, wanted: Any) -> tuple[str, int | None] | str:
+    """(path, channel inside that file or None for the mean) for a supervision's `channel`."""
+    if isinstance(wanted, list):
+        wanted = wanted[0] if len(wanted) == 1 else None  # several: their mean, as all channels
+    if wanted is not None and not isinstance(wanted, int):
+        return f"channel must be an integer or a list of them, got {json.dumps(wanted)}"
+    for path, channels in recording.sources:
+        if wanted is None or wanted in channels:
+            if wanted is None or len(channels) <= 1:
+                return path, None
+            return path, channels.index(wanted)
+    return f"channel {wanted} is in none of recording {recording.id!r}'s sources"
+
+
+def _number(data: dict[str, Any], key: str, default: float | None = None) -> float | None:
+    value = data.get(key, default)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _supervision_entry(text: str, recordings: dict[str, _Recording]) -> Utterance | str:
+    """One lhotse supervision (of a recordings + supervisions pair) as an utterance."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        return "expected a lhotse supervision: an object with 'id', 'recording_id', 'start', 'duration'"
+    recording = recordings.get(str(data.get("recording_id")))
+    if recording is None:
+        return f"recording {data.get('recording_id')!r} is not in the recordings file"
+    start, duration = _number(data, "start"), _number(data, "duration")
+    if start is None or duration is None or duration <= 0 or start < 0:
+        return "supervision needs a 'start' >= 0 and a 'duration' > 0 (seconds)"
+    where = _channel_of(recording, data.get("channel"))
+    if isinstance(where, str):
+        return where
+    utt = data["id"]
+    return Utterance(
+        utt=utt,
+        path=where[0],
+        spk=str(data.get("speaker") or utt),
+        text=str(data.get("text") or ""),
+        duration_s=duration,
+        start_s=start,
+        end_s=start + duration,
+        channel=where[1],
+    )
+
+
+def _cut_utterances(text: str, base: Path | str) -> list[Utterance] | str:
+    """The utterances of one lhotse cut: each supervision's part of the cut (clipped to it), or
+    the whole cut when it has none; or what is wrong with the line."""
+    try:
+        cut = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(cut, dict):
+        return f"expected a JSON object, got {type(cut).__name__}"
+    kind = str(cut.get("type") or "MonoCut")
+    if kind != "MonoCut":
+        return f"cut of type {kind!r} is not supported (MonoCut is)"
+    recording = _recording_entry(json.dumps(cut.get("recording") or {}), base)
+    if isinstance(recording, str):
+        return recording
+    start, duration = _number(cut, "start", 0.0), _number(cut, "duration")
+    if start is None or duration is None or duration <= 0:
+        return "cut needs a 'start' and a 'duration' > 0 (seconds)"
+    supervisions = cut.get("supervisions") or []
+    if not supervisions:
+        where = _channel_of(recording, cut.get("channel"))
+        if isinstance(where, str):
+            return where
+        utt = str(cut.get("id") or recording.id)
+        return [Utterance(utt, where[0], utt, "", duration, start, start + duration, where[1])]
+    utts = []
+    for sup in supervisions:
+        part = _cut_supervision(sup, cut, recording, start, duration)
+        if isinstance(part, str):
+            return part
+        if part is not None:
+            utts.append(part)
+    return utts
+
+
+def _cut_supervision(
+    sup: Any, cut: dict[str, Any], recording: _Recording, start: float, duration: float
+) -> Utterance | str | None:
+    """One supervision of a cut as an utterance (the part of it inside the cut; None if none is)."""
+    if not isinstance(sup, dict) or not isinstance(sup.get("id"), str):
+        return "a supervision must be an object with an 'id'"
+    sup_start, sup_duration = _number(sup, "start"), _number(sup, "duration")
+    if sup_start is None or sup_duration is None or sup_duration <= 0:
+        return f"supervision {sup['id']!r} needs a 'start' and a 'duration' > 0"
+    first, last = max(sup_start, 0.0), min(sup_start + sup_duration, duration)  # inside the cut
+    if last <= first:
+        return None
+    where = _channel_of(recording, sup.get("channel", cut.get("channel")))
+    if isinstance(where, str):
+        return where
+    utt = sup["id"]
+    return Utterance(
+        utt=utt,
+        path=where[0],
+        spk=str(sup.get("speaker") or utt),
+        text=str(sup.get("text") or ""),
+        duration_s=last - first,
+        start_s=start + first,
+        end_s=start + last,
+        channel=where[1],
+    )
 
 
 # --------------------------------------------------------------------------- planning
@@ -553,23 +1055,42 @@ def check_ops(ops: Sequence[str], shard_size: int) -> None:
 
 
 def shard_digest(utts: Sequence[Utterance]) -> str:
-    """sha256 (hex) of a shard's utterances (utt, path, spk, text): what a resume compares."""
+    """sha256 (hex) of a shard's utterances (utt, path, spk, text, and a segment's bounds and
+    channel): what a resume compares. A whole-file utterance digests as before segments existed."""
     digest = hashlib.sha256()
     for u in utts:
-        digest.update(json.dumps([u.utt, u.path, u.spk, u.text], ensure_ascii=False).encode())
+        fields: list[Any] = [u.utt, u.path, u.spk, u.text]
+        if u.is_segment:
+            fields += [u.start_s, u.end_s, u.channel]
+        digest.update(json.dumps(fields, ensure_ascii=False).encode())
         digest.update(b"\n")
     return digest.hexdigest()
 
 
-def corpus_folders(source: Path, limit: int = 64) -> list[Path]:
-    """The folders holding a corpus's audio, read from its listing (paths only, nothing opened):
-    what an embedded run lets its own workers read. More than `limit` folders become their common
-    ancestor, unless that is `/` or a top-level folder such as /home."""
-    source = Path(source)
+def corpus_folders(source: Source, limit: int = 64) -> list[Path]:
+    """The local folders holding a corpus's audio (or tars), read from its listing (paths only,
+    nothing opened): what an embedded run lets its own workers read. More than `limit` folders
+    become their common ancestor, unless that is `/` or a top-level folder such as /home."""
+    return corpus_roots(source, limit)[0]
+
+
+def corpus_roots(source: Source, limit: int = 64) -> tuple[list[Path], list[str]]:
+    """(local folders, URL prefixes) holding a corpus's audio or tars (see `corpus_folders`); the
+    URL prefixes are the listed objects' parents, or their buckets beyond `limit` of them."""
+    source = as_source(source)
+    if isinstance(source, Path) and source.is_dir() and not _listing_names_paths(source):
+        return [source.absolute()], []
     folders: set[str] = set()
-    if source.is_dir() and not (source / KALDI_WAV_SCP).is_file():
-        return [source.absolute()]
+    prefixes: set[str] = set()
     for path in _listed_paths(source):
+        if "://" in path and is_url(path):
+            try:
+                prefixes.add(str(storage.parse_url(path).parent))
+            except VoxmillError:
+                continue  # the worker reports it for its utterance
+            if len(prefixes) > limit:  # many prefixes: their buckets
+                prefixes = {_bucket_of(p) for p in prefixes}
+            continue
         folders.add(os.path.dirname(path))
         if len(folders) > limit:
             common = os.path.commonpath(sorted(folders))
@@ -579,13 +1100,24 @@ def corpus_folders(source: Path, limit: int = 64) -> list[Path]:
     for folder in sorted(Path(f) for f in folders):
         if not any(folder == m or m in folder.parents for m in minimal):
             minimal.append(folder)
-    return minimal
+    return minimal, sorted(prefixes)
 
 
-def _listed_paths(source: Path) -> Iterator[str]:
+def _bucket_of(url: str) -> str:
+    parsed = storage.parse_url(url)
+    return f"{parsed.scheme}://{parsed.bucket}"
+
+
+def _listing_names_paths(folder: Path) -> bool:
+    """Whether a folder input is a listing that names its audio (Kaldi, lhotse, tars), not a
+    folder of audio files whose audio is the folder itself."""
+    return (folder / KALDI_WAV_SCP).is_file() or _lhotse_pair(folder) is not None or input_is_tars(folder)
+
+
+def _listed_paths(source: Source) -> Iterator[str]:
     """The audio paths a listing names, parsed no further than that (a wav.scp line is split once)."""
-    wav_scp = source / KALDI_WAV_SCP if source.is_dir() else source
-    if wav_scp.name != KALDI_WAV_SCP:
+    wav_scp = source / KALDI_WAV_SCP if isinstance(source, Path) and source.is_dir() else source
+    if not isinstance(wav_scp, Path) or wav_scp.name != KALDI_WAV_SCP:
         yield from (utt.path for utt in CorpusListing(source))
         return
     base = str(wav_scp.parent.absolute())

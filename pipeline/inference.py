@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline import errors
-from pipeline.audio import Audio, load_audio
+from pipeline.audio import Audio, Segment, load_audio
 from pipeline.errors import VoxmillError
 from pipeline.features import kaldi_fbank, mean_normalized, whisper_log_mel
 from pipeline.quality import clip_stats
@@ -194,8 +194,10 @@ def run_clip(
     sessions: Mapping[str, ModelSession],
     limits: AudioLimits,
     speech: SpeechCheck | None = None,
+    segment: Segment | None = None,
 ) -> TaskResult:
-    """Decode `source` and run `op`; never raises for bad input: errors come back as data.
+    """Decode `source` (with `segment`: only that part of it) and run `op`; never raises for bad
+    input: errors come back as data.
 
     Every decoded clip gets `stats`; with an enabled `speech` check, one with less detected
     speech than `speech.min_speech_ms` is `no_speech` (its stats still come back). Without
@@ -207,7 +209,7 @@ def run_clip(
     try:
         if op not in ROLES_BY_OP:
             raise VoxmillError(errors.BAD_REQUEST, f"unknown op {op!r}; use tokenize, embed or extract")
-        audio = load_audio(source, limits, timings.stages)
+        audio = load_audio(source, limits, timings.stages, segment)
         stats = audio_stats(audio, speech, timings)
         if speech is not None and speech.enabled:
             require_speech(float(stats["speech_s"]), audio.duration_s, speech)

@@ -8,6 +8,12 @@ line by line, and keeps per speaker a running sum of its embeddings, so its memo
 `buffer_rows` and the number of speakers, not on the size of the corpus. Rows follow the plan,
 which is the listing's order; a plan puts each utterance in one shard, so each (utt, op) is
 counted once. `report.json` is written last: once it exists, the outputs are whole.
+
+The output folder may be a local folder or a prefix in an object store
+(`pipeline.storage.OutputLocation`): each output is written whole to a temporary name (or
+spooled locally and PUT as one object), so it is complete or absent either way. A tar shard's
+utterances are the rows of its file (what the tar held, in the tar's order); each op's file of
+one tar must list the same rows.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import OUTPUT_ERROR, VoxmillError
 from pipeline.records import OPS, ShardSpec
+from pipeline.storage import OutputLocation, output_location
 from pipeline.writers import (
     EMBEDDING_OPS,
     ERRORS_FILE,
@@ -39,12 +46,11 @@ from pipeline.writers import (
     TOKEN_OPS,
     UTT_EMBEDDINGS_FILE,
     UTT_EMBEDDINGS_SCHEMA,
-    atomic_file,
     read_shard,
+    shard_file_name,
     shard_models,
-    shard_path,
-    write_parquet,
-    write_text,
+    write_table_at,
+    write_text_at,
 )
 
 DEFAULT_BUFFER_ROWS = 65536
@@ -53,10 +59,12 @@ DEFAULT_BUFFER_ROWS = 65536
 class _TableSink:
     """One output parquet file, written row group by row group into its temporary file."""
 
-    def __init__(self, stack: contextlib.ExitStack, path: Path, schema: pa.Schema, buffer_rows: int) -> None:
+    def __init__(
+        self, stack: contextlib.ExitStack, out: OutputLocation, name: str, schema: pa.Schema, buffer_rows: int
+    ) -> None:
         self.schema = schema
         self.buffer_rows = buffer_rows
-        self._writer = pq.ParquetWriter(stack.enter_context(atomic_file(path)), schema)
+        self._writer = pq.ParquetWriter(stack.enter_context(out.writer(name)), schema)
         self._pending: list[pa.Table] = []
         self._rows = 0
         self._closed = False
@@ -154,13 +162,11 @@ class _Tally:
 class _Outputs:
     """The files one merge writes, opened once the first shard says which ops ran."""
 
-    def __init__(self, out_dir: Path, stack: contextlib.ExitStack, buffer_rows: int) -> None:
-        self.out_dir = out_dir
+    def __init__(self, out: OutputLocation, stack: contextlib.ExitStack, buffer_rows: int) -> None:
+        self.out = out
         self.stack = stack
         self.buffer_rows = buffer_rows
-        self.errors = io.TextIOWrapper(
-            stack.enter_context(atomic_file(out_dir / ERRORS_FILE)), encoding="utf-8"
-        )
+        self.errors = io.TextIOWrapper(stack.enter_context(out.writer(ERRORS_FILE)), encoding="utf-8")
         self.tokens: _TableSink | None = None
         self.embeddings: _TableSink | None = None
         self.token_op = self.embed_op = ""
@@ -173,11 +179,13 @@ class _Outputs:
         self.token_op = next((op for op in ops if op in TOKEN_OPS), "")
         self.embed_op = next((op for op in ops if op in EMBEDDING_OPS), "")
         if self.token_op:
-            path = self.out_dir / SPEECH_TOKENS_FILE
-            self.tokens = _TableSink(self.stack, path, SPEECH_TOKENS_SCHEMA, self.buffer_rows)
+            self.tokens = _TableSink(
+                self.stack, self.out, SPEECH_TOKENS_FILE, SPEECH_TOKENS_SCHEMA, self.buffer_rows
+            )
         if self.embed_op:
-            path = self.out_dir / UTT_EMBEDDINGS_FILE
-            self.embeddings = _TableSink(self.stack, path, UTT_EMBEDDINGS_SCHEMA, self.buffer_rows)
+            self.embeddings = _TableSink(
+                self.stack, self.out, UTT_EMBEDDINGS_FILE, UTT_EMBEDDINGS_SCHEMA, self.buffer_rows
+            )
 
     def add(self, op: str, ok: pa.Table) -> None:
         """The succeeded rows of one op's shard file."""
@@ -197,7 +205,7 @@ class _Outputs:
 
 
 def merge_outputs(
-    out_dir: Path,
+    out_dir: Path | str | OutputLocation,
     specs: Iterable[ShardSpec],
     report_extra: dict[str, Any],
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
@@ -209,20 +217,20 @@ def merge_outputs(
     missing shard file, or one whose rows are not its shard's utterances, is
     `VoxmillError("output_error")` and leaves the outputs as they were.
     """
-    out_dir = Path(out_dir)
+    out = output_location(out_dir)
     tally = _Tally()
     with contextlib.ExitStack() as stack:
-        outputs = _Outputs(out_dir, stack, buffer_rows)
+        outputs = _Outputs(out, stack, buffer_rows)
         for shard_specs in _by_shard(specs):
             outputs.open_for([spec.op for spec in shard_specs])
-            _merge_shard(out_dir, shard_specs, tally, outputs)
+            _merge_shard(out, shard_specs, tally, outputs)
         outputs.open_for(tally.ops)
         outputs.close()
     if outputs.embeddings is not None:
-        write_parquet(out_dir / SPK_EMBEDDINGS_FILE, outputs.speakers.table())
+        write_table_at(out, SPK_EMBEDDINGS_FILE, outputs.speakers.table())
     report = tally.report()
     report.update(report_extra)
-    write_text(out_dir / REPORT_FILE, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    write_text_at(out, REPORT_FILE, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
 
 
@@ -242,15 +250,16 @@ def _op_rank(spec: ShardSpec) -> int:
     return OPS.index(spec.op) if spec.op in OPS else len(OPS)
 
 
-def _merge_shard(out_dir: Path, specs: list[ShardSpec], tally: _Tally, outputs: _Outputs) -> None:
+def _merge_shard(out: OutputLocation, specs: list[ShardSpec], tally: _Tally, outputs: _Outputs) -> None:
     """Fold one shard (every op's file of it) into the outputs."""
-    utts = [u.utt for u in specs[0].utts]
+    tables = [(spec, out.ref(shard_file_name(spec.op, spec.shard))) for spec in specs]
+    read = [(spec, path, read_shard(path)) for spec, path in tables]
+    # A tar's utterances are what it held: the first op's rows, the same in every op's file.
+    utts = read[0][2].column("utt").to_pylist() if specs[0].tar else [u.utt for u in specs[0].utts]
     seconds: list[float | None] = [None] * len(utts)
     failures: list[list[dict[str, str]]] = [[] for _ in utts]
-    for spec in specs:
-        path = shard_path(out_dir, spec.op, spec.shard)
-        table = read_shard(path)
-        _check_rows(path, spec, table)
+    for spec, path, table in read:
+        _check_rows(path, spec, table, utts)
         if spec.op not in tally.ops:
             tally.ops.append(spec.op)
         tally.add(spec.op, table)
@@ -277,14 +286,15 @@ def _merge_shard(out_dir: Path, specs: list[ShardSpec], tally: _Tally, outputs: 
             outputs.errors.write(json.dumps(failure, ensure_ascii=False) + "\n")
 
 
-def _check_rows(path: Path, spec: ShardSpec, table: pa.Table) -> None:
+def _check_rows(path: Path | str, spec: ShardSpec, table: pa.Table, wanted: list[str]) -> None:
     """A shard file holds its shard's utterances, in order (a file of another plan does not)."""
     listed = table.column("utt").to_pylist()
-    wanted = [u.utt for u in spec.utts]
     if listed != wanted:
         present = set(listed)
         missing = next((utt for utt in wanted if utt not in present), None)
         what = f"no row for utt {missing!r}" if missing else "its rows in another order"
+        if spec.tar:
+            what += f" than the other ops' files of tar {spec.tar} (did the tar change?)"
         raise VoxmillError(OUTPUT_ERROR, f"shard file {path} has {what} (written by another plan?)")
 
 

@@ -22,6 +22,7 @@ from pipeline.errors import VoxmillError
 from pipeline.records import ROLES_BY_OP
 from pipeline.registry import Registry
 from pipeline.settings import Settings
+from pipeline.storage import is_url, normalise_url
 from workers.corpus.plan import RunError
 from workers.embedded import EmbeddedRedis, LocalWorkers, ProcessExited
 
@@ -68,16 +69,32 @@ class EmbeddedCluster:
     """An embedded Redis and `workers` local worker processes for one run."""
 
     def __init__(
-        self, settings: Settings, folders: Sequence[Path], out_dir: Path, ops: Sequence[str], workers: int
+        self,
+        settings: Settings,
+        folders: Sequence[Path],
+        out_dir: Path | str,
+        ops: Sequence[str],
+        workers: int,
+        url_prefixes: Sequence[str] = (),
+        state_dir: Path | None = None,
     ) -> None:
-        """`folders`: where the corpus's audio is (`pipeline.corpus.corpus_folders`): the run's own
-        workers may read there, as the person running it chose those files."""
+        """`folders` and `url_prefixes`: where the corpus's audio is (`pipeline.corpus.corpus_roots`):
+        the run's own workers may read there, as the person running it chose those files. An
+        object-store `out_dir` is allowed as a URL prefix; `workers.log` then goes to `state_dir`."""
         check_models(settings, ops)
         self.redis = EmbeddedRedis()
-        roots = (*settings.allowed_roots, *folders, out_dir.resolve())
-        self.settings = settings.model_copy(update={"broker_url": self.redis.url, "allowed_roots": roots})
+        url_roots = (*settings.allowed_url_roots, *url_prefixes)
+        if isinstance(out_dir, str) and is_url(out_dir):
+            url_roots = (*url_roots, normalise_url(out_dir))
+            roots = (*settings.allowed_roots, *folders)
+            log_folder = state_dir or Path.cwd()
+        else:
+            roots = (*settings.allowed_roots, *folders, Path(out_dir).resolve())
+            log_folder = Path(out_dir)
+        update = {"broker_url": self.redis.url, "allowed_roots": roots, "allowed_url_roots": url_roots}
+        self.settings = settings.model_copy(update=update)
         self.workers = LocalWorkers(
-            self.settings, workers, queues=list(ops), log_path=out_dir / "workers.log"
+            self.settings, workers, queues=list(ops), log_path=log_folder / "workers.log"
         )
         self._ready = False
         self._started_at = 0.0

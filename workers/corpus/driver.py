@@ -10,6 +10,12 @@ deadline (a few times the median shard time, at least a minute) is submitted aga
 run of a shard rewrites identical data under the same name, and the merge reads each shard file
 once, so no utterance is ever counted twice.
 
+The output folder may be a prefix in an object store: a shard is done when its object exists.
+There, a look costs a request, so each round looks at the shards announced plus at most
+`STORE_LOOKS_PER_ROUND` others, in turn (a lost announcement then costs a few rounds, not one),
+and the shards done before are one listing of `shards/`. A tar shard's utterances are known only
+once its file is written: progress counts tars until then.
+
 The driver owns its loop: every round it asks its cluster whether the work can go on
 (`Cluster.check`) and how many workers are ready (the window of shards in flight), and takes the
 next shards of the plan as the planner writes them. It keeps state for the shards in flight
@@ -19,22 +25,23 @@ only; the shards done before it started are the names in `DIR/shards/`, read onc
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from pipeline.errors import STORE_ERROR, VoxmillError
 from pipeline.records import ShardResult, ShardSpec
 from pipeline.settings import Settings
-from pipeline.writers import SHARDS_DIR, shard_counts, shard_path
+from pipeline.storage import OutputLocation, output_location
+from pipeline.writers import SHARDS_DIR, shard_counts, shard_file_name
 from workers import keys, tuning
 from workers.corpus.cluster import Cluster
 from workers.corpus.plan import Planner, PlanReader, RunError
@@ -54,27 +61,35 @@ class InFlight:
     attempts: int = 1
 
 
+STORE_LOOKS_PER_ROUND = 32  # object-store outputs: HEAD requests per round beyond the announced
+
+
 @dataclass
 class Ledger:
     """The driver's view of the run: the shards in flight, the ones found done, the recent times."""
 
-    out_dir: Path
+    out_dir: Path | str
     inflight: dict[str, InFlight] = field(default_factory=dict)
     done_before: set[str] = field(default_factory=set)  # shard file names found at start
     durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=tuning.RECENT_SHARDS))
     done: int = 0
     done_now: int = 0
     resubmitted: int = 0
+    look_cursor: int = 0  # where the next round's looks at unannounced shards start (object store)
+    out: OutputLocation = field(init=False)
 
-    def file_of(self, spec: ShardSpec) -> Path:
-        return shard_path(self.out_dir, spec.op, spec.shard)
+    def __post_init__(self) -> None:
+        self.out = output_location(self.out_dir)
+
+    def file_of(self, spec: ShardSpec) -> Path | str:
+        return self.out.ref(shard_file_name(spec.op, spec.shard))
+
+    def exists(self, spec: ShardSpec) -> bool:
+        return self.out.exists(shard_file_name(spec.op, spec.shard))
 
     def scan_finished(self) -> None:
         """The shard files already there (a resumed run): one listing of the folder."""
-        folder = self.out_dir / SHARDS_DIR
-        if folder.is_dir():
-            with os.scandir(folder) as entries:
-                self.done_before = {e.name for e in entries if e.name.endswith(".parquet") and e.is_file()}
+        self.done_before = {n for n in self.out.names(SHARDS_DIR) if n.endswith(".parquet")}
 
     def deadline_s(self, minimum_s: float, factor: float) -> float:
         if not self.durations_s:
@@ -82,11 +97,31 @@ class Ledger:
         return max(minimum_s, factor * statistics.median(self.durations_s))
 
 
+def shards_to_look_at(
+    inflight: Sequence[str], announced: set[str], local: bool, budget: int, cursor: int
+) -> tuple[list[str], int]:
+    """Which in-flight shards to look for this round, and the next round's cursor.
+
+    A local folder: all of them (a stat each). An object store: the announced ones, then up to
+    `budget` others in turn from `cursor`, so each is looked at every len/budget rounds.
+    """
+    if local:
+        return list(inflight), cursor
+    chosen = [name for name in inflight if name in announced]
+    others = [name for name in inflight if name not in announced]
+    if not others:
+        return chosen, 0
+    start = cursor % len(others)
+    take = min(budget, len(others))
+    picked = [others[(start + i) % len(others)] for i in range(take)]
+    return chosen + picked, (start + take) % len(others)
+
+
 class CorpusDriver:
     """Submits the shards of a plan to a cluster and follows them until every shard file exists."""
 
     def __init__(
-        self, app: Celery, cluster: Cluster, planner: Planner, out_dir: Path, view: ProgressView
+        self, app: Celery, cluster: Cluster, planner: Planner, out_dir: Path | str, view: ProgressView
     ) -> None:
         self.app = app
         self.cluster = cluster
@@ -96,7 +131,8 @@ class CorpusDriver:
         self.ledger = Ledger(out_dir)
         self.redis = connections.broker_client(self.settings, socket_timeout=5, socket_connect_timeout=5)
         self.announcements = ResultWakeups(self.redis)
-        self.observer = RunObserver(out_dir, self.settings.run_metrics_port)
+        # The observer names the output in its progress record (str of it): a URL string is fine.
+        self.observer = RunObserver(cast(Path, out_dir), self.settings.run_metrics_port)
         self._specs: Iterator[ShardSpec] = PlanReader(out_dir, planner).specs()
         self._taken = 0  # shards (all ops of each) taken from the plan so far
         self._next: ShardSpec | None = None
@@ -120,6 +156,10 @@ class CorpusDriver:
                     self._redis_down_since = None
                 except (redis.RedisError, OperationalError, OSError) as exc:
                     self._broker_trouble(exc)
+                except VoxmillError as exc:  # the output's store, after its own retries
+                    if exc.code != STORE_ERROR:
+                        raise
+                    self._broker_trouble(exc, what="the output store")
                 self._show_progress()
                 if not self._all_done():  # the last shard seen: on to the merge at once
                     heard = self.announcements.wait(tuning.SHARD_LOOK_S if self._plan_read else 0.05)
@@ -132,11 +172,11 @@ class CorpusDriver:
     def _all_done(self) -> bool:
         return self._plan_read and not self.ledger.inflight
 
-    def _broker_trouble(self, exc: Exception) -> None:
+    def _broker_trouble(self, exc: Exception, what: str = "broker") -> None:
         now = time.monotonic()
         if self._redis_down_since is None:
             self._redis_down_since = now
-            self.view.message(f"broker unreachable ({type(exc).__name__}); waiting for it to come back…")
+            self.view.message(f"{what} unreachable ({type(exc).__name__}); waiting for it to come back…")
         time.sleep(min(5.0, 0.5 + (now - self._redis_down_since) / 4))
 
     def _step(self, announced: list[ShardResult]) -> None:
@@ -146,7 +186,7 @@ class CorpusDriver:
         self._collect(announced)
         window = self._window()
         while len(self.ledger.inflight) < window and (spec := self._peek()) is not None:
-            if shard_path(self.ledger.out_dir, spec.op, spec.shard).name in self.ledger.done_before:
+            if shard_file_name(spec.op, spec.shard).rsplit("/", 1)[-1] in self.ledger.done_before:
                 self._count_done(spec, None, resumed=True)
             else:
                 self._submit(spec)  # a broker outage raises here: the spec stays next
@@ -191,8 +231,14 @@ class CorpusDriver:
             if result.error:
                 raise RunError(f"shard {result.name} failed: {result.error['message']}")
             reported[result.name] = result
-        for name, item in list(self.ledger.inflight.items()):
-            if self.ledger.file_of(item.spec).exists():
+        ledger = self.ledger
+        local, budget = ledger.out.is_local, STORE_LOOKS_PER_ROUND
+        names, ledger.look_cursor = shards_to_look_at(
+            list(ledger.inflight), set(reported), local, budget, ledger.look_cursor
+        )
+        for name in names:
+            item = ledger.inflight[name]
+            if ledger.exists(item.spec):
                 del self.ledger.inflight[name]
                 self.ledger.durations_s.append(time.monotonic() - item.submitted)
                 self._count_done(item.spec, reported.get(name))
@@ -221,23 +267,28 @@ class CorpusDriver:
         """Add one finished shard to the progress counts (a resumed one: its utterances only)."""
         self.ledger.done += 1
         counts = self.view.counts
-        counts.units_done += len(spec.utts)
+        units = 1 if spec.tar else len(spec.utts)  # a tar counts as one until its rows are known
+        counts.units_done += units
         if resumed:
-            counts.units_resumed += len(spec.utts)
+            counts.units_resumed += units
             self.observer.shard_resumed(spec)
             return
         self.ledger.done_now += 1
         if result is None:  # its announcement was lost: the file has the counts
             ok, failed = shard_counts(self.ledger.file_of(spec))
             result = ShardResult(spec.shard, spec.op, "", ok, failed, spec.audio_s, 0.0)
+        if spec.tar:
+            counts.tar_utterances += result.ok + result.failed
         counts.audio_done_s += result.audio_seconds
         counts.failed[spec.op] = counts.failed.get(spec.op, 0) + result.failed
-        self.observer.shard_done(
-            spec, result.ok, result.failed, result.audio_seconds, self.ledger.file_of(spec)
-        )
+        # A URL shard file goes to the observer as it is: it reads it through read_shard.
+        shard_file = cast(Path, self.ledger.file_of(spec))
+        self.observer.shard_done(spec, result.ok, result.failed, result.audio_seconds, shard_file)
 
     def _show_progress(self) -> None:
         counts = self.view.counts
+        if self.planner.header is not None and self.planner.header.tars:
+            counts.unit = "tars"
         if self.planner.done and self.planner.error is None:
             counts.units_total = self.planner.utterances * len(self.planner.ops)
             counts.audio_total_s = self.planner.listed_audio_s

@@ -1,6 +1,8 @@
 """The plan of a `voxmill extract` run: its shards, written as the corpus listing streams by.
 
-`DIR/plan/` holds it, in files that are each written once, complete or absent:
+`DIR/plan/` holds it, in files that are each written once, complete or absent (DIR may be a
+prefix in an object store, `s3://bucket/run/`: each file is then one object, one PUT; see
+`pipeline.storage.OutputLocation`):
 
 - `header.json`: the input, the ops, the shard size asked for and the one used, the run's name;
 - `chunk-NNNNNN.parquet`: the utterances of `SHARDS_PER_CHUNK` consecutive shards (shard, utt,
@@ -15,6 +17,18 @@ is still being read. Shard k is always the same utterances for the same listing,
 plans again and compares each shard's digest with the one on disk: a different corpus in the
 same folder is refused at its first differing shard; a listing fixed after a late problem
 resumes. Nothing here opens an audio file.
+
+A corpus of WebDataset tar shards is planned one shard per tar (the header's `unit` is `tar`):
+a tar's utterances are known only once a worker reads it, so its plan entry names the tar, and
+progress counts tars until their utterances are known.
+
+The output lock: a local folder is locked with `flock` on `DIR/.lock`. An object store has no
+flock: the run holds `flock` on a local state folder (`run_state_dir`, one per output URL: two
+runs on one machine) and a marker object `DIR/.lock.json` (host, pid, a token, refreshed every
+`LOCK_REFRESH_S`): a run finding another's marker fresher than `LOCK_STALE_S` (or of a live pid
+on this host) refuses to start. A store has no compare-and-swap here, so two runs started on two
+machines within the same second may both go on; their shards are idempotent, so the cost is
+duplicate work, not wrong outputs.
 """
 
 from __future__ import annotations
@@ -22,22 +36,41 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
+import secrets
+import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.corpus import CorpusError, CorpusListing, ShardCutter, auto_shard_size, check_ops, shard_digest
+from pipeline.corpus import (
+    CorpusError,
+    CorpusListing,
+    ShardCutter,
+    Source,
+    as_source,
+    auto_shard_size,
+    check_ops,
+    shard_digest,
+)
 from pipeline.errors import VoxmillError
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
+from pipeline.storage import OutputLocation, location_name, output_location
 
 PLAN_DIR = "plan"
 HEADER_FILE = "header.json"
 COMPLETE_FILE = "complete.json"
 OLD_PLAN_FILE = "plan.json"
 LOCK_FILE = ".lock"
+STORE_LOCK_OBJECT = ".lock.json"
+LOCK_REFRESH_S = 20.0
+LOCK_STALE_S = 90.0  # a marker not refreshed for this long belongs to a run that is gone
+UNIT_TAR = "tar"
+UNIT_UTTERANCE = "utterance"
 PLAN_VERSION = 2
 SHARDS_PER_CHUNK = 256
 DIGESTS_KEY = b"voxmill.shard_digests"
@@ -57,9 +90,14 @@ class PlanHeader:
     requested_shard_size: int
     shard_size: int
     run: str
+    unit: str = UNIT_UTTERANCE  # what a shard is made of: utterances, or one tar
+
+    @property
+    def tars(self) -> bool:
+        return self.unit == UNIT_TAR
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "version": PLAN_VERSION,
             "input": self.source,
             "ops": self.ops,
@@ -67,6 +105,9 @@ class PlanHeader:
             "shard_size": self.shard_size,
             "run": self.run,
         }
+        if self.tars:  # an utterance plan's header (and fingerprint) is what it always was
+            data["unit"] = self.unit
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanHeader:
@@ -76,28 +117,147 @@ class PlanHeader:
             int(data["requested_shard_size"]),
             int(data["shard_size"]),
             str(data["run"]),
+            str(data.get("unit") or UNIT_UTTERANCE),
         )
 
 
-def lock_output(out_dir: Path) -> IO[str]:
-    """Hold an exclusive lock on the output folder for the life of the run."""
+def lock_output(out_dir: Path | str, state_dir: Path | None = None) -> IO[str] | StoreLock:
+    """Hold an exclusive lock on the output folder for the life of the run (`close()` frees it).
+    An object-store output is locked in `state_dir` and by a marker object (module docstring)."""
+    if isinstance(out_dir, str) and output_location(out_dir).is_local is False:
+        return StoreLock(output_location(out_dir), run_state_folder(out_dir, state_dir)).acquire()
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    handle = open(out_dir / LOCK_FILE, "a+")  # noqa: SIM115 - held until the run ends
+    return _flock(out_dir / LOCK_FILE, f"another `voxmill extract` is running on {out_dir}")
+
+
+def _flock(path: Path, busy: str) -> IO[str]:
+    handle = open(path, "a+")  # noqa: SIM115 - held until the run ends
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise RunError(f"another `voxmill extract` is running on {out_dir}") from None
+        raise RunError(busy) from None
     return handle
 
 
-def run_id(out_dir: Path, source: Path, ops: Sequence[str], shard_size: int) -> str:
+def run_state_folder(out_dir: Path | str, state_dir: Path | None = None) -> Path:
+    """The local folder of a run whose outputs are in an object store (its lock, workers.log)."""
+    name = location_name(out_dir)
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return Path(state_dir or Path(".voxmill/runs")).absolute() / digest
+
+
+class StoreLock:
+    """The lock of an object-store output: a local flock plus a marker object (module docstring)."""
+
+    def __init__(self, out: OutputLocation, state: Path) -> None:
+        self.out = out
+        self.state = state
+        self.token = secrets.token_hex(8)
+        self._local: IO[str] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._refresh, name="voxmill-store-lock", daemon=True)
+
+    def _record(self) -> str:
+        return json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token, "refreshed": time.time()}
+        )
+
+    def acquire(self) -> StoreLock:
+        try:
+            self.state.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = exc.strerror or exc
+            raise RunError(f"cannot use the run's local state folder {self.state}: {reason}") from None
+        target = self.out.display()
+        busy = f"another `voxmill extract` on this machine writes {target}"
+        self._local = _flock(self.state / LOCK_FILE, busy)
+        try:
+            self._check_marker()
+            from pipeline.writers import write_text_at
+
+            write_text_at(self.out, STORE_LOCK_OBJECT, self._record())
+            time.sleep(0.2)  # a racing run that wrote after us wins: look once more
+            self._check_marker()
+        except VoxmillError as exc:
+            self.close()
+            raise RunError(f"cannot lock the output {target}: {exc.message}") from None
+        except RunError:
+            self.close()
+            raise
+        self._thread.start()
+        return self
+
+    def _check_marker(self) -> None:
+        if not self.out.exists(STORE_LOCK_OBJECT):
+            return
+        try:
+            marker = json.loads(self.out.read_bytes(STORE_LOCK_OBJECT))
+        except ValueError:
+            return  # not ours to read: written half by hand, or by an older voxmill
+        if marker.get("token") == self.token:
+            return
+        if marker_is_live(marker, socket.gethostname(), time.time()):
+            age = time.time() - float(marker.get("refreshed", 0))
+            raise RunError(
+                f"another `voxmill extract` (host {marker.get('host')}, pid {marker.get('pid')}) holds "
+                f"{self.out.display(STORE_LOCK_OBJECT)}, refreshed {age:.0f} s ago; if that run is gone, "
+                f"delete the object or wait {LOCK_STALE_S:.0f} s"
+            )
+
+    def _refresh(self) -> None:
+        from pipeline.writers import write_text_at
+
+        while not self._stop.wait(LOCK_REFRESH_S):
+            try:
+                write_text_at(self.out, STORE_LOCK_OBJECT, self._record())
+            except VoxmillError:
+                continue  # the next refresh may succeed; a stale marker only lets another run in
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        try:
+            if self._local is not None and self.out.exists(STORE_LOCK_OBJECT):
+                marker = json.loads(self.out.read_bytes(STORE_LOCK_OBJECT))
+                if marker.get("token") == self.token:
+                    self.out.delete(STORE_LOCK_OBJECT)
+        except (VoxmillError, ValueError):
+            pass  # left behind: stale after LOCK_STALE_S
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+
+
+def marker_is_live(marker: dict[str, Any], host: str, now: float) -> bool:
+    """Whether a lock marker belongs to a run still going: refreshed within `LOCK_STALE_S`, and,
+    when written on this host, by a process that still exists."""
+    try:
+        refreshed = float(marker.get("refreshed", 0))
+        pid = int(marker.get("pid", 0))
+    except (TypeError, ValueError):
+        return False
+    if now - refreshed > LOCK_STALE_S:
+        return False
+    if marker.get("host") == host and pid > 0:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    return True
+
+
+def run_id(out_dir: Path | str, source: Source, ops: Sequence[str], shard_size: int) -> str:
     """The run's name on the broker: its output folder and what it extracts, so no two runs share one."""
-    text = json.dumps([str(out_dir.resolve()), str(source), list(ops), shard_size])
+    text = json.dumps([location_name(out_dir), str(source), list(ops), shard_size])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def different_run(out_dir: Path) -> RunError:
+def different_run(out_dir: Path | str) -> RunError:
     return RunError(
         f"{out_dir} holds a run of a different corpus, ops or shard size; "
         "use another --out folder, or delete this one to start over"
@@ -113,8 +273,8 @@ class Planner:
 
     def __init__(
         self,
-        source: Path,
-        out_dir: Path,
+        source: Source,
+        out_dir: Path | str,
         ops: Sequence[str],
         shard_size: int,
         settings: Settings,
@@ -122,9 +282,11 @@ class Planner:
     ) -> None:
         requested = shard_size or settings.shard_size
         check_ops(ops, requested)
-        self.source = source
+        self.source = as_source(source)
         self.out_dir = out_dir
-        self.folder = out_dir / PLAN_DIR
+        self.out = output_location(out_dir)
+        self.plan = self.out.child(PLAN_DIR)
+        self.folder = self.plan.display()
         self.ops = list(ops)
         self.requested = requested
         self.fixed_size = shard_size
@@ -141,15 +303,14 @@ class Planner:
         self._thread = threading.Thread(target=self._plan, name="voxmill-planner", daemon=True)
 
     def _existing_header(self) -> PlanHeader | None:
-        if (self.out_dir / OLD_PLAN_FILE).exists():
+        if self.out.exists(OLD_PLAN_FILE):
             raise RunError(
                 f"{self.out_dir} holds a run of an earlier voxmill (plan.json); finish it with that "
                 "version, or delete the folder to start over"
             )
-        header_file = self.folder / HEADER_FILE
-        if not header_file.exists():
+        if not self.plan.exists(HEADER_FILE):
             return None
-        header = PlanHeader.from_dict(json.loads(header_file.read_text()))
+        header = PlanHeader.from_dict(json.loads(self.plan.read_bytes(HEADER_FILE)))
         if header.ops != self.ops or header.requested_shard_size != self.requested:
             raise different_run(self.out_dir)
         return header
@@ -186,7 +347,9 @@ class Planner:
     def _read_and_write(self) -> None:
         listing = CorpusListing(self.source)
         utts = iter(listing)
-        header = self.header or self._new_header(utts)
+        header = self.header or self._new_header(utts, listing.tars)
+        if header.tars != listing.tars:
+            raise different_run(self.out_dir)
         cutter = ShardCutter(header.shard_size)
         chunk: list[list[Utterance]] = []
         # What the outputs depend on: not the folder (nor the run's name, made from it).
@@ -214,11 +377,12 @@ class Planner:
         self.fingerprint = fingerprint.hexdigest()
         self._write_complete()
 
-    def _new_header(self, utts: Iterator[Utterance]) -> PlanHeader:
+    def _new_header(self, utts: Iterator[Utterance], tars: bool) -> PlanHeader:
         """The shard size: fixed, or (automatic) the settings', fewer when the whole corpus is so
-        small that the workers would get fewer than six shards each (read ahead to know)."""
-        size = self.fixed_size or self.requested
-        if not self.fixed_size and self.workers:
+        small that the workers would get fewer than six shards each (read ahead to know). A tar
+        corpus: one tar per shard."""
+        size = 1 if tars else self.fixed_size or self.requested
+        if not tars and not self.fixed_size and self.workers:
             enough = self.workers * SHARDS_PER_WORKER * self.requested
             for utt in utts:
                 self._buffered.append(utt)
@@ -232,10 +396,11 @@ class Planner:
             self.requested,
             size,
             run_id(self.out_dir, self.source, self.ops, self.requested),
+            UNIT_TAR if tars else UNIT_UTTERANCE,
         )
-        from pipeline.writers import write_text
+        from pipeline.writers import write_text_at
 
-        write_text(self.folder / HEADER_FILE, json.dumps(header.to_dict(), indent=1) + "\n")
+        write_text_at(self.plan, HEADER_FILE, json.dumps(header.to_dict(), indent=1) + "\n")
         self.header = header
         return header
 
@@ -244,18 +409,18 @@ class Planner:
         digests = [shard_digest(utts) for utts in shards]
         for digest in digests:
             fingerprint.update(digest.encode())
-        path = self.folder / chunk_name(first // SHARDS_PER_CHUNK)
-        if path.exists():
-            if read_chunk_digests(path) != digests:
+        name = chunk_name(first // SHARDS_PER_CHUNK)
+        if self.plan.exists(name):
+            if read_chunk_digests(self.plan, name) != digests:
                 raise different_run(self.out_dir)
         else:
-            write_chunk(path, first, shards, digests)
+            write_chunk(self.plan, name, first, shards, digests)
         with self._changed:
             self.planned = first + len(shards)
             self._changed.notify_all()
 
     def _write_complete(self) -> None:
-        from pipeline.writers import write_text
+        from pipeline.writers import write_text_at
 
         record = {
             "shards": self.planned,
@@ -263,12 +428,11 @@ class Planner:
             "listed_audio_seconds": self.listed_audio_s,
             "fingerprint": self.fingerprint,
         }
-        path = self.folder / COMPLETE_FILE
-        if path.exists():
-            if json.loads(path.read_text()).get("fingerprint") != self.fingerprint:
+        if self.plan.exists(COMPLETE_FILE):
+            if json.loads(self.plan.read_bytes(COMPLETE_FILE)).get("fingerprint") != self.fingerprint:
                 raise different_run(self.out_dir)
             return
-        write_text(path, json.dumps(record, indent=1) + "\n")
+        write_text_at(self.plan, COMPLETE_FILE, json.dumps(record, indent=1) + "\n")
 
 
 def _chain(first: list[Utterance], rest: Iterator[Utterance]) -> Iterator[Utterance]:
@@ -280,10 +444,12 @@ def chunk_name(number: int) -> str:
     return f"chunk-{number:06d}.parquet"
 
 
-def write_chunk(path: Path, first_shard: int, shards: list[list[Utterance]], digests: list[str]) -> None:
+def write_chunk(
+    plan: OutputLocation, name: str, first_shard: int, shards: list[list[Utterance]], digests: list[str]
+) -> None:
     import pyarrow as pa
 
-    from pipeline.writers import write_parquet
+    from pipeline.writers import write_table_at
 
     rows = [(first_shard + i, u) for i, utts in enumerate(shards) for u in utts]
     table = pa.table(
@@ -294,38 +460,57 @@ def write_chunk(path: Path, first_shard: int, shards: list[list[Utterance]], dig
             "spk": pa.array([u.spk for _, u in rows], pa.string()),
             "text": pa.array([u.text for _, u in rows], pa.string()),
             "duration_s": pa.array([u.duration_s for _, u in rows], pa.float64()),
+            # A segment of a recording (Kaldi segments, lhotse): null for a whole file.
+            "start_s": pa.array([u.start_s for _, u in rows], pa.float64()),
+            "end_s": pa.array([u.end_s for _, u in rows], pa.float64()),
+            "channel": pa.array([u.channel for _, u in rows], pa.int32()),
         }
     )
-    write_parquet(path, table.replace_schema_metadata({DIGESTS_KEY: json.dumps(digests).encode()}))
+    write_table_at(plan, name, table.replace_schema_metadata({DIGESTS_KEY: json.dumps(digests).encode()}))
 
 
-def read_chunk_digests(path: Path) -> list[str]:
+def _parquet_source(plan: OutputLocation, name: str) -> Any:
+    """What pyarrow reads: the local path, or the object's bytes (one GET)."""
+    import pyarrow as pa
+
+    if plan.is_local:
+        return plan.ref(name)
+    return pa.BufferReader(plan.read_bytes(name))
+
+
+def read_chunk_digests(plan: OutputLocation, name: str) -> list[str]:
     import pyarrow.parquet as pq
 
-    metadata = pq.read_schema(path).metadata or {}
+    metadata = pq.read_schema(_parquet_source(plan, name)).metadata or {}
     return list(json.loads(metadata.get(DIGESTS_KEY, b"[]")))
 
 
-def read_chunk(path: Path) -> Iterator[tuple[int, list[Utterance]]]:
-    """(shard, utterances) of one chunk file, in shard order."""
+def read_chunk(plan: OutputLocation, name: str) -> Iterator[tuple[int, list[Utterance]]]:
+    """(shard, utterances) of one chunk file, in shard order (a chunk written before segments
+    existed has no segment columns: its utterances are whole files)."""
     import pyarrow.parquet as pq
 
-    columns = pq.read_table(path).to_pydict()
+    columns = pq.read_table(_parquet_source(plan, name)).to_pydict()
+    count = len(columns["shard"])
+    nothing: list[Any] = [None] * count
     current, utts = -1, list[Utterance]()
-    for shard, utt, audio, spk, text, seconds in zip(
+    for shard, utt, audio, spk, text, seconds, start, end, channel in zip(
         columns["shard"],
         columns["utt"],
         columns["path"],
         columns["spk"],
         columns["text"],
         columns["duration_s"],
+        columns.get("start_s", nothing),
+        columns.get("end_s", nothing),
+        columns.get("channel", nothing),
         strict=True,
     ):
         if shard != current and utts:
             yield current, utts
             utts = []
         current = shard
-        utts.append(Utterance(utt, audio, spk, text, seconds))
+        utts.append(Utterance(utt, audio, spk, text, seconds, start, end, channel))
     if utts:
         yield current, utts
 
@@ -334,15 +519,15 @@ class PlanReader:
     """The shards of a plan in shard order, read chunk by chunk (one chunk in memory at a time);
     with a running `Planner`, it waits at the frontier for the next chunk."""
 
-    def __init__(self, out_dir: Path, planner: Planner | None = None) -> None:
-        self.folder = out_dir / PLAN_DIR
+    def __init__(self, out_dir: Path | str, planner: Planner | None = None) -> None:
         self.out_dir = out_dir
+        self.plan = output_location(out_dir).child(PLAN_DIR)
         self.planner = planner
 
     def header(self) -> PlanHeader:
         if self.planner is not None and self.planner.header is not None:
             return self.planner.header
-        return PlanHeader.from_dict(json.loads((self.folder / HEADER_FILE).read_text()))
+        return PlanHeader.from_dict(json.loads(self.plan.read_bytes(HEADER_FILE)))
 
     def shards(self) -> Iterator[tuple[int, list[Utterance]]]:
         number = 0
@@ -351,16 +536,20 @@ class PlanReader:
                 self.planner.wait_for((number + 1) * SHARDS_PER_CHUNK, timeout_s=3600)
                 if self.planner.error is not None:
                     raise self.planner.error
-            path = self.folder / chunk_name(number)
-            if not path.exists():
+            name = chunk_name(number)
+            if not self.plan.exists(name):
                 return
-            yield from read_chunk(path)
+            yield from read_chunk(self.plan, name)
             number += 1
 
     def specs(self) -> Iterator[ShardSpec]:
-        """Every (shard, op) task of the plan, shard by shard, ops in the plan's order."""
+        """Every (shard, op) task of the plan, shard by shard, ops in the plan's order. A tar
+        shard's spec names its tar and no utterances."""
         header = self.header()
-        out = str(self.out_dir.resolve())
+        out = location_name(self.out_dir)
         for shard, utts in self.shards():
             for op in header.ops:
-                yield ShardSpec(shard=shard, op=op, out_dir=out, utts=utts, run=header.run)
+                if header.tars:
+                    yield ShardSpec(shard=shard, op=op, out_dir=out, run=header.run, tar=utts[0].path)
+                else:
+                    yield ShardSpec(shard=shard, op=op, out_dir=out, utts=utts, run=header.run)

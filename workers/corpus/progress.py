@@ -27,10 +27,13 @@ class Counts:
 
     The totals are known once the listing has been read (the audio total only when the listing
     gives durations); the audio done is what the workers measured in this run. Shards an earlier
-    run did count as done, not towards this run's speed.
+    run did count as done, not towards this run's speed. In a run of tar shards the units are
+    tars (their utterances are known once read: `tar_utterances` counts those done).
     """
 
     n_ops: int
+    unit: str = "utterances"
+    tar_utterances: int = 0
     units_total: int | None = None
     audio_total_s: float | None = None
     units_done: int = 0
@@ -47,7 +50,9 @@ class Counts:
     def line(self) -> str:
         n_ops = max(self.n_ops, 1)
         total = "…" if self.units_total is None else str(self.units_total // n_ops)
-        parts = [f"{self.units_done // n_ops}/{total} utterances"]
+        parts = [f"{self.units_done // n_ops}/{total} {self.unit}"]
+        if self.unit == "tars":
+            parts[0] += f" ({self.tar_utterances // n_ops} utterances)"
         if self.audio_done_s > 0:
             audio = audio_amount(self.audio_done_s / n_ops)
             of = f" of {audio_amount(self.audio_total_s)}" if self.audio_total_s else ""

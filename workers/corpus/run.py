@@ -6,6 +6,10 @@
 With a broker, workers anywhere do the work; without one, the run starts its own Redis and local
 workers first, so they load their models while this process probes the corpus and submits the
 first shards. The driver and the Celery app are imported after the workers are spawned.
+
+`out_dir` may be an object-store URL (`s3://bucket/run/`): the plan, the shard objects and the
+merged outputs are written there, and what must stay local (the lock's flock, an embedded run's
+`workers.log`) is in `run_state_dir/<hash of the URL>/` (see `workers.corpus.plan.StoreLock`).
 """
 
 from __future__ import annotations
@@ -15,18 +19,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.corpus import corpus_folders
+from pipeline.corpus import Source, corpus_roots
 from pipeline.errors import VoxmillError
 from pipeline.settings import Settings
+from pipeline.storage import output_location
 from pipeline.writers import REPORT_FILE
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
-from workers.corpus.plan import Planner, PlanReader, RunError, lock_output
+from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, run_state_folder
 
 
 def extract_corpus(
     settings: Settings,
-    source: Path,
-    out_dir: Path,
+    source: Source,
+    out_dir: Path | str,
     ops: Sequence[str],
     workers: int,
     shard_size: int,
@@ -39,16 +44,21 @@ def extract_corpus(
     """
     started = time.monotonic()
     try:
-        lock = lock_output(out_dir)
+        lock = lock_output(out_dir, settings.run_state_dir)
     except OSError as exc:
         raise RunError(f"cannot use the output folder {out_dir}: {exc.strerror or exc}") from None
+    except VoxmillError as exc:  # a URL that cannot hold outputs (http://, credentials in it)
+        raise RunError(exc.message) from None
     try:
         cluster: Cluster
         if settings.broker_url:
             cluster = RemoteCluster(settings).start()
         else:
-            folders = corpus_folders(source)  # paths only: the local workers may read there
-            cluster = EmbeddedCluster(settings, folders, out_dir, ops, workers).start()
+            # Paths only: the local workers may read there (folders, and the listing's URL prefixes).
+            folders, prefixes = corpus_roots(source)
+            local = output_location(out_dir).is_local
+            state = None if local else run_state_folder(out_dir, settings.run_state_dir)
+            cluster = EmbeddedCluster(settings, folders, out_dir, ops, workers, prefixes, state).start()
             if not quiet:
                 print(f"extract: starting {workers} local worker(s) on an embedded Redis", flush=True)
         try:
@@ -83,7 +93,7 @@ def _workers(cluster: Cluster, local: int) -> int | None:
 def run_corpus(
     cluster: Cluster,
     planner: Planner,
-    out_dir: Path,
+    out_dir: Path | str,
     quiet: bool = False,
     extra_report: dict[str, Any] | None = None,
     started: float | None = None,
@@ -120,12 +130,15 @@ def run_corpus(
         raise RunError(exc.message) from None
 
 
-def merged_report(out_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+def merged_report(out_dir: Path | str, fingerprint: str) -> dict[str, Any] | None:
     """The report of outputs already merged from this very plan (report.json is written last)."""
     import json
 
+    out = output_location(out_dir)
     try:
-        report: dict[str, Any] = json.loads((out_dir / REPORT_FILE).read_text())
-    except (OSError, ValueError):
+        if not out.exists(REPORT_FILE):
+            return None
+        report: dict[str, Any] = json.loads(out.read_bytes(REPORT_FILE))
+    except (OSError, ValueError, VoxmillError):
         return None
     return report if report.get("plan_fingerprint") == fingerprint else None

@@ -3,8 +3,11 @@
 Payloads are JSON (or msgpack when they carry raw bytes):
 - `voxmill.tokenize|embed|extract`: `{"path": str}` or `{"audio": bytes, "name": str?}`; the
   result is the contract's `TaskResult`.
-- `voxmill.shard`: a `ShardSpec` dict; the task writes the shard file, then announces its
-  `ShardResult` on the run's channel (`keys.SHARDS_DONE_CHANNEL`). It stores no Celery result.
+- `voxmill.shard`: a `ShardSpec` dict; the task writes the shard file (in a folder, or one object
+  in a store when `out_dir` is a URL), then announces its `ShardResult` on the run's channel
+  (`keys.SHARDS_DONE_CHANNEL`). It stores no Celery result. A tar shard (`ShardSpec.tar`) reads
+  its tar as a stream and writes a row per sample it held; a segment is decoded by seeking.
+Paths are confined to the allowed roots and URLs to the allowed URL prefixes (`pipeline.paths`).
 Bad input is a result with an error code. Only a missing model (still loading, or a failed load
 that a later generation may fix) is retried, with bounded backoff, and then is a `model_error`
 result. Each task's id is in its process's heartbeat record while it runs (`running_task`): a
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +28,13 @@ import redis
 from celery import Celery, Task
 
 from pipeline import errors
+from pipeline.audio import Segment
 from pipeline.errors import VoxmillError
 from pipeline.inference import run_clip
-from pipeline.paths import resolve_allowed_path
-from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult
-from pipeline.writers import shard_counts, shard_path, write_shard
+from pipeline.paths import resolve_allowed
+from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult, Utterance
+from pipeline.storage import OutputLocation, output_location
+from pipeline.writers import shard_counts, shard_file_name, write_shard
 from workers import keys
 from workers.queue.app import SHARD_TASK, TASK_NAMES
 from workers.reload.holder import ModelUnavailable
@@ -55,8 +62,11 @@ def job_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return MalformedCall(args, kwargs)
 
 
-def decode_job(job: Any, roots: tuple[Path, ...]) -> tuple[str, str | Path | bytes]:
-    """(label, source) of a single-audio payload; `bad_request` or `forbidden_path` when it is wrong."""
+def decode_job(
+    job: Any, roots: tuple[Path, ...], url_roots: Sequence[str] = ()
+) -> tuple[str, str | Path | bytes]:
+    """(label, source) of a single-audio payload; `bad_request` or `forbidden_path` when it is
+    wrong. A `path` may be a URL, confined to `url_roots`."""
     if isinstance(job, MalformedCall):
         raise VoxmillError(errors.BAD_REQUEST, job.message)
     if not isinstance(job, dict):
@@ -65,7 +75,7 @@ def decode_job(job: Any, roots: tuple[Path, ...]) -> tuple[str, str | Path | byt
         path = job["path"]
         if not isinstance(path, str):
             raise VoxmillError(errors.BAD_REQUEST, f"'path' must be a string, not {type(path).__name__}")
-        return path, resolve_allowed_path(path, roots)
+        return path, resolve_allowed(path, roots, url_roots)
     if "audio" in job:
         audio, name = job["audio"], job.get("name", "<bytes>")
         if not isinstance(audio, (bytes, bytearray)):
@@ -95,7 +105,7 @@ def retry_countdown(retries: int) -> float:
 def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, Any]:
     """One audio, one op: the contract's result object."""
     try:
-        label, source = decode_job(job, process.roots)
+        label, source = decode_job(job, process.roots, process.settings.allowed_url_roots)
     except VoxmillError as exc:
         return TaskResult(input=job_label(job), op=op, error=exc.to_dict()).to_dict()
     started = time.perf_counter()
@@ -132,19 +142,27 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
     started = time.perf_counter()
     try:
         spec = ShardSpec.from_dict(payload)
-        out_dir = resolve_allowed_path(spec.out_dir, process.roots)
+        out = _output(spec.out_dir, process)
         if spec.op not in ROLES_BY_OP:
             raise VoxmillError(errors.BAD_REQUEST, f"unknown op {spec.op!r}")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         return failed_shard(payload, VoxmillError(errors.BAD_REQUEST, f"malformed shard payload: {exc}"))
     except VoxmillError as exc:
         return failed_shard(payload, exc)
-    done = finished_shard(out_dir, spec)
+    try:
+        done = finished_shard(out, spec)
+    except VoxmillError as exc:  # the store cannot say: do the shard (a rewrite is harmless)
+        log.warning("cannot look for shard %s: %s", spec.name, exc.message)
+        done = None
     if done is not None:  # a redelivered or resubmitted shard that is already written
         return done
     try:
         with process.metrics.in_flight(), process.serving(ROLES_BY_OP[spec.op]) as sessions:
-            results = [_utterance(process, u.utt, u.path, spec.op, sessions) for u in spec.utts]
+            if spec.tar:
+                utts, results = _tar_results(process, spec, sessions)
+            else:
+                utts = spec.utts
+                results = [_utterance(process, u, spec.op, sessions) for u in spec.utts]
             models = {role: s.ref.to_dict() for role, s in sessions.items()}
     except ModelUnavailable as exc:
         if task.request.retries >= process.settings.model_retries:
@@ -155,7 +173,7 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
             max_retries=process.settings.model_retries,
         ) from exc
     try:
-        path = write_shard(out_dir, spec, results)
+        path = write_shard(out, spec, results, utts)
     except VoxmillError as exc:
         return failed_shard(payload, exc)
     ok = sum(1 for r in results if r.ok)
@@ -172,12 +190,52 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
     )
 
 
-def _utterance(process: WorkerProcess, utt: str, path: str, op: str, sessions: Any) -> TaskResult:
+def _output(out_dir: str, process: WorkerProcess) -> OutputLocation:
+    """The shard's output location: a folder inside the roots, or a URL inside the URL prefixes."""
+    return output_location(resolve_allowed(out_dir, process.roots, process.settings.allowed_url_roots))
+
+
+def _utterance(process: WorkerProcess, utt: Utterance, op: str, sessions: Any) -> TaskResult:
     try:
-        source = resolve_allowed_path(path, process.roots)
+        source = resolve_allowed(utt.path, process.roots, process.settings.allowed_url_roots)
     except VoxmillError as exc:
-        return TaskResult(input=utt, op=op, error=exc.to_dict())
-    return run_clip(utt, source, op, sessions, process.limits)
+        return TaskResult(input=utt.utt, op=op, error=exc.to_dict())
+    segment = Segment(utt.start_s or 0.0, utt.end_s, utt.channel) if utt.is_segment else None
+    return run_clip(utt.utt, source, op, sessions, process.limits, segment=segment)
+
+
+def _tar_results(
+    process: WorkerProcess, spec: ShardSpec, sessions: Any
+) -> tuple[list[Utterance], list[TaskResult]]:
+    """Every sample of the shard's tar, read as a stream: (what the tar held, their results). A
+    tar that cannot be opened is one row, keyed by the tar, with the reason."""
+    from pipeline.storage import open_input
+    from pipeline.tars import iter_samples
+
+    limits = process.limits
+    # A tar member is a file of the corpus: the file limit bounds it, not the raw-bytes job limit.
+    member_limits = replace(limits, max_payload_bytes=limits.max_file_bytes)
+    utts: list[Utterance] = []
+    results: list[TaskResult] = []
+    try:
+        source = resolve_allowed(spec.tar, process.roots, process.settings.allowed_url_roots)
+        stream = open_input(source)
+    except VoxmillError as exc:
+        return [Utterance(spec.tar, spec.tar)], [TaskResult(input=spec.tar, op=spec.op, error=exc.to_dict())]
+    except OSError as exc:
+        code = errors.NOT_FOUND if isinstance(exc, FileNotFoundError) else errors.UNREADABLE
+        error = {"code": code, "message": f"cannot open {spec.tar}: {exc.strerror or exc}"}
+        return [Utterance(spec.tar, spec.tar)], [TaskResult(input=spec.tar, op=spec.op, error=error)]
+    with stream:
+        for sample in iter_samples(stream, spec.tar, limits.max_file_bytes):
+            where = f"{spec.tar}#{sample.audio_name}"
+            utts.append(Utterance(sample.key, where, sample.spk, sample.transcript))
+            if sample.error is not None or sample.audio is None:
+                error = (sample.error or VoxmillError(errors.NOT_FOUND, "no audio")).to_dict()
+                results.append(TaskResult(input=sample.key, op=spec.op, error=error))
+            else:
+                results.append(run_clip(sample.key, sample.audio, spec.op, sessions, member_limits))
+    return utts, results
 
 
 def record(
@@ -202,11 +260,12 @@ def outcome_of(result: TaskResult) -> str:
     return "ok" if result.error is None else result.error.get("code", "internal")
 
 
-def finished_shard(out_dir: Path, spec: ShardSpec) -> ShardResult | None:
+def finished_shard(out: OutputLocation, spec: ShardSpec) -> ShardResult | None:
     """The counts of a shard whose file already exists (files are complete or absent), else None."""
-    path = shard_path(out_dir, spec.op, spec.shard)
-    if not path.exists():
+    name = shard_file_name(spec.op, spec.shard)
+    if not out.exists(name):
         return None
+    path = out.ref(name)
     try:
         ok, failed = shard_counts(path)
     except Exception:  # unreadable: do the shard again and replace it

@@ -1,0 +1,146 @@
+"""The storage layer's pure parts: URLs, the URL jail, roots in the settings, braces, retries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline import storage
+from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, NOT_FOUND, STORE_ERROR, VoxmillError
+from pipeline.paths import resolve_allowed
+from pipeline.settings import Settings
+from pipeline.storage import check_url, expand_braces, parse_url, split_roots, url_within
+
+
+def test_urls_are_normalised_dot_segments_removed_and_never_climb_above_the_bucket() -> None:
+    assert str(parse_url("s3://bkt/a/./b/../c.wav")) == "s3://bkt/a/c.wav"
+    assert str(parse_url("s3://bkt/../../etc/passwd")) == "s3://bkt/etc/passwd"
+    assert str(parse_url("GCS://bkt//x")) == "gs://bkt/x"
+    assert str(parse_url("https://Host:8443/p/q?x=1")) == "https://host:8443/p/q"
+    assert not storage.is_url(Path("s3://bkt/a"))  # a Path is never a URL
+    assert not storage.is_url("/data/s3://x")
+
+
+def test_a_url_with_credentials_is_refused_without_echoing_them() -> None:
+    with pytest.raises(VoxmillError) as caught:
+        parse_url("s3://AKIAEXAMPLE:supersecret@bkt/a.wav")
+    assert caught.value.code == BAD_REQUEST
+    assert "supersecret" not in caught.value.message and "AKIAEXAMPLE" not in caught.value.message
+    assert "credentials" in caught.value.message
+
+
+def test_the_url_jail_compares_scheme_bucket_and_prefix_on_a_segment_boundary() -> None:
+    root = parse_url("s3://bkt/corpus")
+    assert url_within(parse_url("s3://bkt/corpus/a.wav"), root)
+    assert url_within(parse_url("s3://bkt/corpus"), root)
+    assert not url_within(parse_url("s3://bkt/corpus2/a.wav"), root)  # not a segment boundary
+    assert not url_within(parse_url("s3://bkt2/corpus/a.wav"), root)
+    assert not url_within(parse_url("gs://bkt/corpus/a.wav"), root)
+    assert not url_within(parse_url("s3://bkt/corpus/../secret/a.wav"), root)
+    assert url_within(parse_url("s3://bkt/anything"), parse_url("s3://bkt"))
+
+
+def test_check_url_forbids_outside_the_prefixes_and_names_the_setting() -> None:
+    assert check_url("s3://bkt/corpus/x/../a.wav", ["s3://bkt/corpus"]) == "s3://bkt/corpus/a.wav"
+    with pytest.raises(VoxmillError) as caught:
+        check_url("s3://bkt/corpus/../private/a.wav", ["s3://bkt/corpus"])
+    assert caught.value.code == FORBIDDEN_PATH
+    assert "VOXMILL_ALLOWED_ROOTS" in caught.value.message
+    with pytest.raises(VoxmillError) as none:
+        check_url("s3://bkt/a.wav", [])
+    assert none.value.code == FORBIDDEN_PATH
+
+
+def test_resolve_allowed_sends_urls_to_the_url_jail_and_paths_to_the_path_jail(tmp_path: Path) -> None:
+    assert resolve_allowed("s3://bkt/c/a.wav", [tmp_path], ["s3://bkt/c"]) == "s3://bkt/c/a.wav"
+    assert resolve_allowed(str(tmp_path / "a.wav"), [tmp_path], []) == (tmp_path / "a.wav").resolve()
+    with pytest.raises(VoxmillError) as caught:
+        resolve_allowed("s3://bkt/c/a.wav", [tmp_path], [])
+    assert caught.value.code == FORBIDDEN_PATH
+    with pytest.raises(VoxmillError) as creds:
+        resolve_allowed("s3://k:s@bkt/c/a.wav", [tmp_path], ["s3://bkt"])
+    assert creds.value.code == BAD_REQUEST
+
+
+def test_allowed_roots_split_keeping_urls_whole_and_travel_to_child_processes() -> None:
+    assert split_roots("/data:s3://bkt/p:https://host:8443/x:/c") == [
+        "/data",
+        "s3://bkt/p",
+        "https://host:8443/x",
+        "/c",
+    ]
+    settings = Settings.load({"VOXMILL_ALLOWED_ROOTS": "/data:s3://bkt/p"}, path=Path("/nonexistent.yaml"))
+    assert settings.allowed_roots == (Path("/data"),)
+    assert settings.allowed_url_roots == ("s3://bkt/p",)
+    again = Settings.load(settings.to_env(), path=Path("/nonexistent.yaml"))
+    assert again.allowed_roots == settings.allowed_roots
+    assert again.allowed_url_roots == settings.allowed_url_roots
+
+
+def test_only_url_roots_allow_no_local_path() -> None:
+    assert Settings(allowed_roots=("s3://bkt",)).roots() == ()
+    assert Settings().roots() == (Path.cwd().resolve(),)
+
+
+def test_brace_patterns_expand_as_webdataset_does() -> None:
+    assert expand_braces("s3://b/shards/{000..003}.tar") == [f"s3://b/shards/{n:03d}.tar" for n in range(4)]
+    assert expand_braces("x-{a,b}-{1..2}.tar") == ["x-a-1.tar", "x-a-2.tar", "x-b-1.tar", "x-b-2.tar"]
+    assert expand_braces("plain.tar") == ["plain.tar"]
+    with pytest.raises(VoxmillError):
+        expand_braces("x-{1..2.tar")
+
+
+def test_failures_are_classified_missing_refused_or_transient_and_retried_a_bounded_number_of_times() -> None:
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset by peer")
+        return "bytes"
+
+    assert storage.with_retries(flaky, "s3://b/k", "cannot read", base_s=0.0) == "bytes"
+    assert len(calls) == 3
+
+    def down() -> str:
+        calls.append(1)
+        raise TimeoutError("timed out")
+
+    calls.clear()
+    with pytest.raises(VoxmillError) as caught:
+        storage.with_retries(down, "s3://b/k", "cannot read", base_s=0.0)
+    assert caught.value.code == STORE_ERROR and len(calls) == storage.RETRY_ATTEMPTS
+    assert "s3://b/k" in caught.value.message and "TimeoutError" in caught.value.message
+
+    def missing() -> str:
+        calls.append(1)
+        raise FileNotFoundError("b/k")
+
+    calls.clear()
+    with pytest.raises(VoxmillError) as gone:
+        storage.with_retries(missing, "s3://b/k", "cannot read", base_s=0.0)
+    assert gone.value.code == NOT_FOUND and len(calls) == 1  # not retried
+
+    def refused() -> str:
+        raise PermissionError("Access Denied for key AKIAEXAMPLE")
+
+    with pytest.raises(VoxmillError) as denied:
+        storage.with_retries(refused, "s3://b/k", "cannot read", base_s=0.0)
+    assert denied.value.code == STORE_ERROR
+    assert "AKIAEXAMPLE" not in denied.value.message  # the client's own text is never repeated
+
+
+def test_output_locations_local_and_object(tmp_path: Path) -> None:
+    local = storage.output_location(tmp_path)
+    assert local.is_local and local.ref("shards/a.parquet") == tmp_path / "shards" / "a.parquet"
+    with local.writer("shards/a.parquet") as stream:
+        stream.write(b"data")
+    assert local.names("shards") == {"a.parquet"} and local.read_bytes("shards/a.parquet") == b"data"
+    assert local.names("nothing") == set()
+    remote = storage.output_location("s3://bkt/run/../runs/1/")
+    assert not remote.is_local and remote.ref("shards/a.parquet") == "s3://bkt/runs/1/shards/a.parquet"
+    assert storage.location_name("s3://bkt/runs/./1/") == "s3://bkt/runs/1"
+    with pytest.raises(VoxmillError) as caught:
+        storage.output_location("https://host/out")
+    assert caught.value.code == BAD_REQUEST
