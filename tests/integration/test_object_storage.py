@@ -1,0 +1,291 @@
+"""Corpora and outputs in object storage, against a real S3 API over HTTP on loopback (moto's
+server mode), with real worker processes, real ONNX files and real tar files.
+
+- the storage layer on a real S3 API: an object read as audio equals the file, sizes before
+  reads, `not_found`, `store_error` for an unreachable store with no secret in the message, shard
+  files and the merge on a bucket equal to a folder's;
+- no shared disk: two worker "hosts" that share only Redis and the S3 server (their own working
+  folder, their own model copy, allowed roots that hold no local path at all) extract a corpus
+  listed as s3:// URLs into s3://, one host SIGKILLed mid-run; then the same audio as WebDataset
+  tar shards in the bucket; both equal a local run of the same audio, every utterance once; a
+  second run on the bucket resumes as done. About 10 s on two cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import storage
+from pipeline.audio import load_audio
+from pipeline.errors import NOT_FOUND, STORE_ERROR, TOO_LARGE, VoxmillError
+from pipeline.merge import merge_outputs
+from pipeline.records import ShardSpec, TaskResult, Utterance
+from pipeline.settings import AudioLimits, Settings
+from pipeline.writers import read_shard, write_shard
+from tests.conftest import make_settings
+from tests.helpers import make_audio_folder, read_outputs
+from workers.corpus.run import extract_corpus
+from workers.embedded import PROJECT_ROOT, free_port, worker_command
+
+SECRET = "wJalrXUtnFEMI-test-secret-do-not-print"
+KEY_ID = "AKIAVOXMILLTEST"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3 API (moto in server mode) on a loopback port, for this module."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The store's standard variables, in this process and so in every process it starts."""
+    env = {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    storage._FILESYSTEMS.clear()  # made again with these variables
+    yield env
+    storage._FILESYSTEMS.clear()
+
+
+def _bucket(name: str) -> str:
+    fs = storage.filesystem("s3")
+    with contextlib.suppress(FileExistsError):
+        fs.mkdir(name)
+    return f"s3://{name}"
+
+
+def _upload(local: Path, url: str) -> None:
+    storage.filesystem("s3").put_file(str(local), storage.parse_url(url).fs_path)
+
+
+def _download(url: str, folder: Path) -> Path:
+    """Every object below `url` into `folder` (to read the outputs with the local helpers)."""
+    fs = storage.filesystem("s3")
+    prefix = storage.parse_url(url).fs_path.rstrip("/")
+    for key in fs.find(prefix):
+        target = folder / key[len(prefix) + 1 :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(key, str(target))
+    return folder
+
+
+# --------------------------------------------------------------------------- the storage layer
+
+
+def test_the_storage_layer_on_a_real_s3_api(
+    s3_env: dict[str, str], audio_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = _bucket("layer")
+    clip = audio_dir / "chirp_3s.wav"
+    _upload(clip, f"{bucket}/audio/chirp.wav")
+    limits = AudioLimits()
+    remote = load_audio(f"{bucket}/audio/sub/../chirp.wav", limits)
+    local = load_audio(clip, limits)
+    assert (remote.samples == local.samples).all() and remote.codec == local.codec
+    assert storage.url_size(f"{bucket}/audio/chirp.wav") == clip.stat().st_size
+    with pytest.raises(VoxmillError) as missing:
+        load_audio(f"{bucket}/audio/nope.wav", limits)
+    assert missing.value.code == NOT_FOUND and "s3://layer/audio/nope.wav" in missing.value.message
+    with pytest.raises(VoxmillError) as large:
+        load_audio(f"{bucket}/audio/chirp.wav", AudioLimits(max_file_bytes=1000))
+    assert large.value.code == TOO_LARGE
+
+    # Shard files and the merge on the bucket: the same outputs as on a folder.
+    utts = [Utterance("a", "/x/a.wav", "s1"), Utterance("b", "/x/b.wav", "s1")]
+    results = [
+        TaskResult(input="a", op="embed", embedding=[0.5] * 4, audio_seconds=1.0),
+        TaskResult(input="b", op="embed", error={"code": "empty", "message": "clip is digital silence"}),
+    ]
+    specs = [ShardSpec(0, "embed", "", utts[:1]), ShardSpec(1, "embed", "", utts[1:])]
+    out = f"{bucket}/run"
+    for spec, result in zip(specs, results, strict=True):
+        path = write_shard(out, spec, [result])
+        assert path == f"{out}/shards/embed-{spec.shard:06d}.parquet"
+        assert read_shard(path).column("utt").to_pylist() == [spec.utts[0].utt]
+        write_shard(tmp_path / "local", spec, [result])
+    assert storage.output_location(out).names("shards") == {"embed-000000.parquet", "embed-000001.parquet"}
+    assert merge_outputs(out, specs, {}) == merge_outputs(tmp_path / "local", specs, {})
+    assert read_outputs(_download(out, tmp_path / "copy")) == read_outputs(tmp_path / "local")
+
+    # An unreachable store: store_error, bounded, and no secret in what is said.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    storage._FILESYSTEMS.clear()
+    started = time.monotonic()
+    with pytest.raises(VoxmillError) as down:
+        load_audio(f"{bucket}/audio/chirp.wav", limits)
+    assert down.value.code == STORE_ERROR and time.monotonic() - started < 30
+    assert "s3://layer/audio/chirp.wav" in down.value.message
+    assert SECRET not in down.value.message and KEY_ID not in down.value.message
+
+
+# --------------------------------------------------------------------------- no shared disk
+
+
+def _start_host(folder: Path, models: Path, redis_url: str, env: dict[str, str], name: str) -> Any:
+    """A worker host: its own working folder and model copy, allowed to read s3://corpus only."""
+    folder.mkdir(parents=True)
+    shutil.copytree(models, folder / "models")
+    settings = make_settings(redis_url, folder / "models", [], allowed_roots=("s3://corpus",))
+    assert settings.roots() == ()  # no local path at all: nothing can come from a shared disk
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("VOXMILL_")}
+    child_env.update({**settings.to_env(), **env, "PYTHONPATH": str(PROJECT_ROOT), "PYTHONUNBUFFERED": "1"})
+    log = open(folder / "worker.log", "wb")  # noqa: SIM115 - closed with the test's tmp folder
+    return subprocess.Popen(
+        worker_command(["tokenize", "embed"], 1, "prefork", f"{name}@%h"),
+        cwd=folder,
+        env=child_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _wait_ready(redis_url: str, hosts: list[Any], count: int, timeout_s: float = 90.0) -> None:
+    import redis
+
+    from workers.observe.status import count_ready_workers
+
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout_s
+    while count_ready_workers(client) < count:
+        assert all(h.poll() is None for h in hosts), "a worker host exited while starting"
+        assert time.monotonic() < deadline, "the worker hosts did not load their models"
+        time.sleep(0.2)
+    client.close()
+
+
+def _tar_shards(corpus: Path, entries: list[dict[str, str]], per_tar: int, folder: Path) -> list[Path]:
+    """WebDataset tars of the corpus: key.json ({"speaker", "text"}) + key.wav, in listing order."""
+    tars = []
+    for number in range(0, len(entries), per_tar):
+        path = folder / f"{number // per_tar:06d}.tar"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(path, "w") as tar:
+            for entry in entries[number : number + per_tar]:
+                meta = json.dumps({"speaker": entry["spk"], "text": f"text of {entry['utt']}"}).encode()
+                info = tarfile.TarInfo(f"{entry['utt']}.json")
+                info.size = len(meta)
+                tar.addfile(info, io.BytesIO(meta))
+                tar.add(corpus / f"{entry['utt']}.wav", arcname=f"{entry['utt']}.wav")
+        tars.append(path)
+    return tars
+
+
+def _comparable(outputs: dict[str, Any]) -> dict[str, Any]:
+    outputs["report.json"].pop("input", None)
+    return outputs
+
+
+def test_two_hosts_sharing_only_redis_and_s3_one_killed_match_a_local_run(
+    s3_env: dict[str, str], redis_url: str, redis_client: Any, tiny_models: Path, tmp_path: Path
+) -> None:
+    bucket = _bucket("corpus")
+    corpus = make_audio_folder(tmp_path / "audio", count=24, min_s=0.5, max_s=1.5)
+    entries = [
+        {"utt": f"spk{i % 3}/utt{i:04d}", "spk": f"spk{i % 3}"} for i in range(24)
+    ]  # make_audio_folder's layout
+    for entry in entries:
+        _upload(corpus / f"{entry['utt']}.wav", f"{bucket}/audio/{entry['utt']}.wav")
+    s3_manifest = tmp_path / "s3.jsonl"
+    s3_manifest.write_text(
+        "".join(json.dumps({**e, "path": f"{bucket}/audio/{e['utt']}.wav"}) + "\n" for e in entries)
+    )
+    local_manifest = tmp_path / "local.jsonl"
+    local_manifest.write_text(
+        "".join(json.dumps({**e, "path": str(corpus / f"{e['utt']}.wav")}) + "\n" for e in entries)
+    )
+    for tar in _tar_shards(corpus, entries, 6, tmp_path / "tars"):
+        _upload(tar, f"{bucket}/tars/{tar.name}")
+    ops = ["tokenize", "embed"]
+
+    # The reference: a local run of the same audio (embedded Redis, local worker, local folders).
+    local_settings = Settings(model_dir=tiny_models, allowed_roots=(tmp_path,), speech_check=False)
+    extract_corpus(local_settings, local_manifest, tmp_path / "local-out", ops, 1, 3, quiet=True)
+    reference = _comparable(read_outputs(tmp_path / "local-out"))
+
+    hosts = [
+        _start_host(tmp_path / name, tiny_models, redis_url, s3_env, name) for name in ("host-a", "host-b")
+    ]
+    try:
+        _wait_ready(redis_url, hosts, 2)
+        driver = make_settings(
+            redis_url, tiny_models, [tmp_path], shard_deadline_min_s=3.0, shard_deadline_factor=2.0
+        )
+        out = f"{bucket}/out-manifest/"
+        killed: dict[str, int] = {}
+
+        def kill_host_a_mid_run() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                done = len(storage.list_url(f"{out}shards/"))
+                if done >= 2:
+                    os.killpg(hosts[0].pid, signal.SIGKILL)
+                    killed["at"] = done
+                    return
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_host_a_mid_run)
+        killer.start()
+        report = extract_corpus(driver, s3_manifest, out, ops, 2, 3, quiet=True)
+        killer.join()
+        assert "at" in killed and killed["at"] < 16, "host A was not killed mid-run"
+        assert hosts[0].wait(timeout=10) == -signal.SIGKILL
+        # Host A's shard in flight was lost with it and done again by host B.
+        assert report["resubmitted_shards"] >= 1
+        assert report["utterances"] == 24
+        outputs = _comparable(read_outputs(_download(out, tmp_path / "copy-manifest")))
+        tokens = [row["utt"] for row in outputs["speech_tokens.parquet"]]  # type: ignore[union-attr]
+        assert tokens == [e["utt"] for e in entries]  # every utterance once, in listing order
+        assert outputs == reference
+
+        # Resumed on the bucket: every shard object and the outputs are there; nothing is redone.
+        again = extract_corpus(driver, s3_manifest, out, ops, 2, 3, quiet=True)
+        assert again == report
+
+        # The same audio as WebDataset tar shards in the bucket, by a brace pattern, to s3://.
+        tars_out = f"{bucket}/out-tars"
+        tar_report = extract_corpus(
+            driver, f"{bucket}/tars/{{000000..000003}}.tar", tars_out, ops, 1, 0, True
+        )
+        assert tar_report["utterances"] == 24
+        tar_outputs = _comparable(read_outputs(_download(tars_out, tmp_path / "copy-tars")))
+        assert tar_outputs == reference
+        assert storage.output_location(tars_out).names("shards") == {
+            f"{op}-{n:06d}.parquet" for op in ops for n in range(4)
+        }  # one shard per tar and op
+    finally:
+        for host in hosts:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(host.pid, signal.SIGKILL)
+            host.wait(timeout=10)
