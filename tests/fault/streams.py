@@ -10,6 +10,7 @@ refused at once (no broker, no consumer) is counted apart: the producer was told
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -167,6 +168,31 @@ class SubmitRun:
             tally.refused["exit_2"] += 1
             print(f"voxmill submit refused: {stderr.strip()[-500:]}")
         return self.process.returncode, tally
+
+
+def queued_paths(client: redis.Redis, queue: str) -> set[str]:
+    """The audio paths of the path jobs waiting in `queue` (from each message's JSON body)."""
+    paths = set()
+    for raw in client.lrange(queue, 0, -1):
+        try:
+            body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+            paths.add(str(body[0][0]["path"]))
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+    return paths
+
+
+def wait_submitted(client: redis.Redis, path: Path, logs: list[Path], timeout_s: float = 60.0) -> None:
+    """Until a job for `path` (a `SubmitRun`'s last input) is queued or has run: the run has sent
+    every job (a fault before that would only make it exit 2, "cannot reach the broker")."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if str(path) in queued_paths(client, "embed"):
+            return
+        if any(f"input={path} " in log.read_text(errors="replace") for log in logs if log.exists()):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"voxmill submit never sent its job for {path}")
 
 
 def executions(log: str, ids: set[str]) -> Counter[str]:

@@ -21,7 +21,8 @@ import redis
 
 from tests.conftest import make_settings
 from tests.fault.conftest import PrivateRedis, kill_group, settle
-from tests.fault.streams import ClientStream, SubmitRun, Tally, executions, make_clips
+from tests.fault.streams import ClientStream, SubmitRun, Tally, executions, make_clips, wait_submitted
+from workers.embedded import LocalWorkers
 from workers.queue.client import read_worker_records
 
 pytestmark = pytest.mark.slow
@@ -45,15 +46,18 @@ def streams(settings, clips: Path) -> tuple[ClientStream, list[Path]]:
     return stream, sorted(clips.glob("input*.wav"))
 
 
-def wait_until_busy(url: str, parent_pids: set[int], queued: int = 6, timeout_s: float = 60.0) -> list[dict]:
-    """Until a worker process runs a job and `queued` more wait in the queue; the busy records."""
+def wait_until_busy(url: str, workers: LocalWorkers, run: SubmitRun, queued: int = 4) -> list[dict]:
+    """Until `run` has sent its jobs, a worker process runs one and `queued` more wait; the
+    records of the busy processes (the moment for the fault)."""
     client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + timeout_s
     try:
+        assert workers.log_path is not None
+        wait_submitted(client, run.files[-1], [workers.log_path])
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            busy = [
-                r for r in read_worker_records(client) if r.get("running") and r.get("ppid") in parent_pids
-            ]
+            records = read_worker_records(client)
+            parent = workers.process.pid if workers.process else -1
+            busy = [r for r in records if r.get("running") and r.get("ppid") == parent]
             if busy and client.llen("embed") >= queued:
                 return busy
             time.sleep(0.02)
@@ -83,7 +87,7 @@ def test_sigkill_of_one_pool_process(settings, start_worker, clips) -> None:
     workers = start_worker(settings, concurrency=2, queues=QUEUES)
     stream, inputs = streams(settings, clips)
     run = SubmitRun(settings, inputs)
-    busy = wait_until_busy(settings.broker_url, {workers.process.pid})
+    busy = wait_until_busy(settings.broker_url, workers, run)
     os.kill(busy[0]["pid"], signal.SIGKILL)  # its job goes back to the queue (reject on worker lost)
     settle(6)  # the producer goes on submitting after the fault
     tally, _ = finish(stream, run, "pool process killed")
@@ -97,7 +101,7 @@ def test_sigkill_of_a_whole_worker_then_a_new_one(settings, start_worker, clips)
     first = start_worker(settings, concurrency=2, queues=QUEUES)
     stream, inputs = streams(settings, clips)
     run = SubmitRun(settings, inputs)
-    wait_until_busy(settings.broker_url, {first.process.pid})
+    wait_until_busy(settings.broker_url, first, run)
     kill_group(first.process.pid)  # the jobs it held wait an hour in Redis (visibility timeout)
     second = start_worker(settings, concurrency=2, queues=QUEUES)
     settle(6)  # the producer goes on submitting after the fault
@@ -109,42 +113,29 @@ def test_sigkill_of_a_whole_worker_then_a_new_one(settings, start_worker, clips)
     assert set(ran) == tally.submitted
 
 
-@pytest.mark.parametrize("private_redis", [False], indirect=True, ids=["no-persistence"])
-def test_redis_restarted_without_persistence(settings, private_redis, start_worker, clips) -> None:
+@pytest.mark.parametrize(
+    ("private_redis", "sig", "down_s", "name"),
+    [
+        (False, signal.SIGKILL, 0, "Redis restarted empty"),  # queue, results and records gone
+        (True, signal.SIGTERM, 0, "Redis restarted with AOF"),
+        (True, signal.SIGTERM, 20, "Redis unreachable for 20 s"),
+    ],
+    indirect=["private_redis"],
+    ids=["restart-no-persistence", "restart-aof", "unreachable-20s"],
+)
+def test_redis_restarted_or_unreachable(
+    settings, private_redis, start_worker, clips, sig: int, down_s: float, name: str
+) -> None:
     workers = start_worker(settings, concurrency=2, queues=QUEUES)
     stream, inputs = streams(settings, clips)
     run = SubmitRun(settings, inputs)
-    wait_until_busy(settings.broker_url, {workers.process.pid})
-    private_redis.stop(signal.SIGKILL)  # the queue, the results and the records are gone
+    wait_until_busy(settings.broker_url, workers, run)
+    private_redis.stop(sig)
+    settle(down_s)
     private_redis.start()
     settle(6)  # the producer goes on submitting after the fault
-    finish(stream, run, "Redis restarted empty", refusals_ok=True)  # the lost ones were sent again
+    tally, submitted = finish(stream, run, name, refusals_ok=True)  # what was lost was sent again
     print(f"jobs this producer sent again: {stream.client.resent}")
-
-
-@pytest.mark.parametrize("private_redis", [True], indirect=True, ids=["aof"])
-def test_redis_restarted_with_aof(settings, private_redis, start_worker, clips) -> None:
-    workers = start_worker(settings, concurrency=2, queues=QUEUES)
-    stream, inputs = streams(settings, clips)
-    run = SubmitRun(settings, inputs)
-    wait_until_busy(settings.broker_url, {workers.process.pid})
-    private_redis.stop(signal.SIGTERM)
-    private_redis.start()
-    settle(6)  # the producer goes on submitting after the fault
-    finish(stream, run, "Redis restarted with AOF", refusals_ok=True)
-
-
-@pytest.mark.parametrize("private_redis", [True], indirect=True, ids=["aof"])
-def test_redis_unreachable_for_20_s(settings, private_redis, start_worker, clips) -> None:
-    workers = start_worker(settings, concurrency=2, queues=QUEUES)
-    stream, inputs = streams(settings, clips)
-    run = SubmitRun(settings, inputs)
-    wait_until_busy(settings.broker_url, {workers.process.pid})
-    private_redis.stop(signal.SIGTERM)
-    settle(20)
-    private_redis.start()
-    settle(6)  # the producer goes on submitting after the fault
-    tally, submitted = finish(stream, run, "Redis unreachable for 20 s", refusals_ok=True)
-    # the jobs in flight (some producer's) waited the outage out, and were answered
-    assert max(tally.longest_wait_s, submitted.longest_wait_s) >= 20
+    if down_s:  # the jobs in flight (some producer's) waited the outage out, and were answered
+        assert max(tally.longest_wait_s, submitted.longest_wait_s) >= down_s
     assert workers.alive()

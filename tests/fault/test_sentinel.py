@@ -22,7 +22,7 @@ import redis
 
 from tests.conftest import make_settings
 from tests.fault.conftest import SHARD_SIZE
-from tests.fault.streams import ClientStream, SubmitRun, make_clips
+from tests.fault.streams import ClientStream, SubmitRun, make_clips, wait_submitted
 from workers.embedded import free_port, redis_server_binary, wait_until
 from workers.queue.client import read_worker_records
 
@@ -152,8 +152,9 @@ def test_primary_killed_mid_run_the_replica_takes_over(
         print(workers.log_path.read_text()[-6000:])
         raise
     submit = SubmitRun(settings, sorted(clips_for_jobs.glob("input*.wav")))
-    time.sleep(1.0)  # its jobs are queued
     primary, replica = sentinels["primary"], sentinels["replica"]
+    assert workers.log_path is not None
+    wait_submitted(primary.client, submit.files[-1], [workers.log_path])  # its jobs are all sent
     assert master_port(sentinels["sentinels"][0]) == primary.port
     primary.kill()
     killed_at = time.monotonic()
