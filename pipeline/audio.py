@@ -52,7 +52,7 @@ from pipeline.errors import (
     VoxmillError,
 )
 from pipeline.settings import AudioLimits
-from pipeline.storage import is_url, open_url, url_size
+from pipeline.storage import fetch_checked, is_url
 
 TARGET_RATE_HZ = 16000
 # soxr recipe. Against torchaudio's sinc resampler both 'HQ' and 'VHQ' agree to > 45 dB below
@@ -225,15 +225,15 @@ def _open_source(source: Source, limits: AudioLimits) -> Iterator[_Opened]:
 
 
 def _open_url(url: str, limits: AudioLimits) -> BinaryIO:
-    """A stream over an object after its size (one HEAD) is checked like a file's."""
-    size = url_size(url)
+    """A stream over an object whose size is checked like a file's before its bytes are read."""
+    size, stream = fetch_checked(url, limits.max_file_bytes)
     if size == 0:
         raise VoxmillError(EMPTY, f"{url} is empty (0 bytes)")
-    if size > limits.max_file_bytes:
+    if stream is None:
         raise VoxmillError(
             TOO_LARGE, f"object is {_format_bytes(size)}; the limit is {_format_bytes(limits.max_file_bytes)}"
         )
-    return open_url(url, size)
+    return stream
 
 
 def _check_payload(payload: bytes, limits: AudioLimits) -> None:

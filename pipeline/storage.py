@@ -324,6 +324,9 @@ def _fs(url: str) -> tuple[Any, StoreUrl]:
 def url_size(url: str) -> int:
     """The object's size in bytes (one HEAD); `not_found` or `store_error`."""
     fs, parsed = _fs(url)
+    if parsed.scheme == "s3":  # HEAD only: s3fs's info() lists the prefix too after a 404
+        head = with_retries(lambda: _s3_head(fs, parsed), str(parsed), "cannot stat")
+        return int(head["ContentLength"])
     info = with_retries(lambda: fs.info(parsed.fs_path), str(parsed), "cannot stat")
     if info.get("type") == "directory":
         raise VoxmillError(NOT_FOUND, f"{parsed} is a prefix (a folder), not an object")
@@ -339,7 +342,10 @@ def url_exists(url: str) -> bool:
 
     def exists() -> bool:
         try:
-            fs.info(parsed.fs_path)
+            if parsed.scheme == "s3":
+                _s3_head(fs, parsed)  # one HEAD, never a listing
+            else:
+                fs.info(parsed.fs_path)
         except FileNotFoundError:
             return False
         return True
@@ -347,9 +353,60 @@ def url_exists(url: str) -> bool:
     return with_retries(exists, str(parsed), "cannot look up")
 
 
+def _s3_head(fs: Any, url: StoreUrl) -> dict[str, Any]:
+    head: dict[str, Any] = fs.call_s3("head_object", Bucket=url.bucket, Key=url.key)
+    return head
+
+
+def fetch_checked(url: str, max_bytes: int) -> tuple[int, BinaryIO | None]:
+    """(size, a seekable stream) of an object whose size is checked before its bytes are read;
+    the stream is None when the object is empty or over `max_bytes` (the caller says which).
+
+    S3: one GET, its body read only after its Content-Length was checked (HEAD + GET would be two
+    requests per clip, and s3fs's whole-object read is HEAD + GET itself); an object too big to
+    hold in memory is streamed with ranged GETs instead. Other stores: a HEAD, then the read.
+    """
+    parsed = parse_url(url)
+    if parsed.scheme != "s3":
+        size = url_size(url)
+        return size, (open_url(url, size) if 0 < size <= max_bytes else None)
+    import io
+
+    size, data = _s3_get(parsed, min(max_bytes, WHOLE_READ_BYTES))
+    if data is not None:
+        return size, io.BytesIO(data)
+    if 0 < size <= max_bytes:  # large: ranged reads
+        return size, open_url(url, size)
+    return size, None
+
+
+def _s3_get(url: StoreUrl, max_bytes: int | None) -> tuple[int, bytes | None]:
+    """(size, body) of one S3 GET; the body is left unread (None) when empty or over `max_bytes`."""
+    from fsspec.asyn import sync
+
+    fs = filesystem("s3")
+
+    async def get() -> tuple[int, bytes | None]:
+        response = await fs._call_s3("get_object", Bucket=url.bucket, Key=url.key)
+        size = int(response["ContentLength"])
+        body = response["Body"]
+        try:
+            if size == 0 or (max_bytes is not None and size > max_bytes):
+                return size, None
+            data: bytes = await body.read()
+            return size, data
+        finally:
+            body.close()
+
+    result: tuple[int, bytes | None] = with_retries(lambda: sync(fs.loop, get), str(url), "cannot read")
+    return result
+
+
 def read_url(url: str) -> bytes:
     """The whole object (one GET)."""
     fs, parsed = _fs(url)
+    if parsed.scheme == "s3":  # s3fs's cat_file is HEAD + GET
+        return _s3_get(parsed, None)[1] or b""
     data: bytes = with_retries(lambda: fs.cat_file(parsed.fs_path), str(parsed), "cannot read")
     return data
 
@@ -494,10 +551,21 @@ class ObjectFolder:
 OutputLocation = LocalFolder | ObjectFolder
 
 
+def mend_url(value: Path | str) -> Path | str:
+    """A URL as a string even when it went through `Path()` (`s3:/bucket/x`), else a Path."""
+    text = str(value)
+    for scheme in URL_SCHEMES:
+        if text.lower().startswith(f"{scheme}:/"):
+            rest = text[len(scheme) + 1 :].lstrip("/")
+            return f"{scheme}://{rest}"
+    return value if isinstance(value, str) else Path(value)
+
+
 def output_location(out: Path | str | OutputLocation) -> OutputLocation:
     """The output location of a `--out` value: a URL (`s3://`, `gs://`) or a local folder."""
     if isinstance(out, (LocalFolder, ObjectFolder)):
         return out
+    out = mend_url(out)
     if isinstance(out, str) and is_url(out):
         url = parse_url(out)
         if url.scheme not in WRITABLE_SCHEMES:
@@ -509,6 +577,7 @@ def output_location(out: Path | str | OutputLocation) -> OutputLocation:
 def location_name(out: Path | str) -> str:
     """The canonical name of an output location (a resolved path or a normalised URL): what a
     run's name and a shard spec's `out_dir` are made of."""
+    out = mend_url(out)
     if isinstance(out, str) and is_url(out):
         return normalise_url(out)
     return str(Path(out).resolve())

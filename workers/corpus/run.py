@@ -22,7 +22,7 @@ from typing import Any
 from pipeline.corpus import Source, corpus_roots
 from pipeline.errors import VoxmillError
 from pipeline.settings import Settings
-from pipeline.storage import output_location
+from pipeline.storage import mend_url, output_location
 from pipeline.writers import REPORT_FILE
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
 from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, run_state_folder
@@ -43,6 +43,7 @@ def extract_corpus(
     the worker processes ready now.
     """
     started = time.monotonic()
+    out_dir = mend_url(out_dir)  # a URL given as a Path (`s3:/bucket/run`) is a URL again
     try:
         lock = lock_output(out_dir, settings.run_state_dir)
     except OSError as exc:
