@@ -922,15 +922,20 @@ def _supervision_entry(text: str, recordings: dict[str, _Recording]) -> Utteranc
     where = _channel_of(recording, data.get("channel"))
     if isinstance(where, str):
         return where
-    utt = data["id"]
+    return _supervised(data, where, start, start + duration)
+
+
+def _supervised(sup: dict[str, Any], where: tuple[str, int | None], start: float, end: float) -> Utterance:
+    """A lhotse supervision as the utterance [start, end) of the recording file `where` names."""
+    utt = str(sup["id"])
     return Utterance(
         utt=utt,
         path=where[0],
-        spk=str(data.get("speaker") or utt),
-        text=str(data.get("text") or ""),
-        duration_s=duration,
+        spk=str(sup.get("speaker") or utt),
+        text=str(sup.get("text") or ""),
+        duration_s=end - start,
         start_s=start,
-        end_s=start + duration,
+        end_s=end,
         channel=where[1],
     )
 
@@ -985,17 +990,7 @@ def _cut_supervision(
     where = _channel_of(recording, sup.get("channel", cut.get("channel")))
     if isinstance(where, str):
         return where
-    utt = sup["id"]
-    return Utterance(
-        utt=utt,
-        path=where[0],
-        spk=str(sup.get("speaker") or utt),
-        text=str(sup.get("text") or ""),
-        duration_s=last - first,
-        start_s=start + first,
-        end_s=start + last,
-        channel=where[1],
-    )
+    return _supervised(sup, where, start + first, start + last)
 
 
 # --------------------------------------------------------------------------- planning

@@ -144,3 +144,18 @@ def test_output_locations_local_and_object(tmp_path: Path) -> None:
     with pytest.raises(VoxmillError) as caught:
         storage.output_location("https://host/out")
     assert caught.value.code == BAD_REQUEST
+
+
+def test_a_job_path_that_is_a_url_is_jailed_to_the_url_prefixes() -> None:
+    from workers.queue.tasks import decode_job
+
+    assert decode_job({"path": "s3://bkt/c/./a.wav"}, (), ("s3://bkt/c",)) == (
+        "s3://bkt/c/./a.wav",
+        "s3://bkt/c/a.wav",
+    )
+    with pytest.raises(VoxmillError) as outside:
+        decode_job({"path": "s3://bkt/other/a.wav"}, (), ("s3://bkt/c",))
+    assert outside.value.code == FORBIDDEN_PATH
+    with pytest.raises(VoxmillError) as creds:
+        decode_job({"path": "https://u:p@host/a.wav"}, (), ("https://host",))
+    assert creds.value.code == BAD_REQUEST and "u:p" not in creds.value.message
