@@ -276,11 +276,19 @@ def print_result(result: object) -> None:
 # --------------------------------------------------------------------------------- corpora
 @app.command()
 def extract(
-    source: Path = typer.Argument(
-        ..., metavar="INPUT", help="A Kaldi data dir (wav.scp), a JSONL manifest, or a folder of audio."
+    source: str = typer.Argument(
+        ...,
+        metavar="INPUT",
+        help="A Kaldi data dir (wav.scp; segments and reco2dur optional), a JSONL manifest, lhotse cuts "
+        "(cuts.jsonl[.gz]) or a recordings + supervisions pair, WebDataset .tar shards (one .tar, a "
+        "folder of them, a .txt list, or a pattern such as shards/{000000..000127}.tar; local or "
+        "s3://, gs://, https://), or a folder of audio.",
     ),
-    out_dir: Path = typer.Option(
-        ..., "--out", help="Output folder; running the command again on it resumes."
+    out_dir: str = typer.Option(
+        ...,
+        "--out",
+        help="Output folder or object-store prefix (s3://bucket/run/, gs://...); running the command "
+        "again on it resumes.",
     ),
     ops: str = typer.Option("tokenize,embed", "--ops", help="Comma-separated: tokenize, embed."),
     models: Path | None = typer.Option(None, "--models", help=MODELS_HELP + " Local workers only."),
@@ -311,9 +319,11 @@ def extract(
     """Extract speech tokens and speaker embeddings for a whole corpus, in shards, resumably.
 
     Without VOXMILL_BROKER_URL it starts an embedded Redis and local workers; with it, it only
-    submits shards and waits for workers anywhere that can read the same paths. Exit 0 when the
-    run completed (per-utterance failures are in errors.jsonl), 2 when it could not run.
+    submits shards and waits for workers anywhere that can read the same paths or URLs. Exit 0
+    when the run completed (per-utterance failures are in errors.jsonl), 2 when it could not run.
     """
+    from pipeline.corpus import as_source
+    from pipeline.storage import is_url, mend_url
     from workers.corpus.plan import RunError
     from workers.corpus.run import extract_corpus
     from workers.observe.run_metrics import RunMetricsPortError
@@ -322,6 +332,8 @@ def extract(
     if not op_list or [op for op in op_list if op not in ("tokenize", "embed")]:
         fail(f"--ops takes tokenize and/or embed, not {ops!r}")
     settings = load_settings(models)
+    if audit_sample and is_url(out_dir):
+        fail("--audit reads a local output folder; download the outputs and run `voxmill audit` on them")
     if metrics_port:
         settings = settings.model_copy(update={"run_metrics_port": metrics_port})
     if models is not None and settings.broker_url:
@@ -329,8 +341,9 @@ def extract(
             "[yellow]note:[/yellow] --models applies to local workers only; remote workers use their own"
         )
     try:
+        local_workers = workers or os.cpu_count() or 1
         report = extract_corpus(
-            settings, source, out_dir, op_list, workers or os.cpu_count() or 1, shard_size, quiet
+            settings, as_source(source), mend_url(out_dir), op_list, local_workers, shard_size, quiet
         )
     except (RunError, RunMetricsPortError) as exc:
         fail(str(exc))
@@ -341,7 +354,7 @@ def extract(
     if audit_sample:
         from workers.corpus.audit import audit_output
 
-        audited = audit_output(out_dir, settings, audit_sample, seed=0)
+        audited = audit_output(Path(out_dir), settings, audit_sample, seed=0)
         for line in audited.lines():
             out.print(line)
         raise typer.Exit(0 if audited.ok else 1)
@@ -452,21 +465,21 @@ def demo(
     out.print("errors.jsonl names the broken clip; `make demo` again resumes (every shard is already done).")
 
 
-def print_outputs(out_dir: Path, report: dict[str, Any]) -> None:
+def print_outputs(out_dir: Path | str, report: dict[str, Any]) -> None:
     """The summary of a run and its output files, one per line."""
+    from pipeline.storage import is_url
     from workers.corpus.progress import summary_line, summary_table
 
     out.print(summary_table(report, str(out_dir)))
     out.print(summary_line(report))
-    for name in (
-        "speech_tokens.parquet",
-        "utt_embeddings.parquet",
-        "spk_embeddings.parquet",
-        "errors.jsonl",
-        "report.json",
-    ):
-        if (out_dir / name).exists():
-            out.print(f"  {out_dir / name}")
+    ops = set(report.get("ops", {}))
+    names = ["speech_tokens.parquet"] if ops & {"tokenize", "extract"} else []
+    names += ["utt_embeddings.parquet", "spk_embeddings.parquet"] if ops & {"embed", "extract"} else []
+    for name in (*names, "utt_stats.parquet", "errors.jsonl", "report.json"):
+        if is_url(out_dir):
+            out.print(f"  {str(out_dir).rstrip('/')}/{name}")
+        elif (Path(out_dir) / name).exists():
+            out.print(f"  {Path(out_dir) / name}")
 
 
 # --------------------------------------------------------------------------------- status
