@@ -26,7 +26,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, signals
@@ -130,23 +130,17 @@ class WorkerProcess:
         )
         self.coordinator.start()
 
-    @contextlib.contextmanager
-    def running_task(self, task_id: str | None) -> Iterator[None]:
-        """While a task runs, its id is in this process's heartbeat record: a producer whose job is
-        late sends it again only when no live worker runs it. The heartbeat is written soon after
-        the task starts (the record's writer wakes on `task_ended`), not at its next interval."""
-        if not task_id:
-            yield
-            return
+    def task_started(self, task_id: str) -> None:
+        """A task runs: its id goes into this process's heartbeat record (written soon after, as
+        the record's writer wakes on `task_ended`, not at its next interval)."""
         with self._running_lock:
             self._running[task_id] = None
         if self.holder is not None:
             self.holder.task_ended.set()
-        try:
-            yield
-        finally:
-            with self._running_lock:
-                self._running.pop(task_id, None)
+
+    def task_finished(self, task_id: str) -> None:
+        with self._running_lock:
+            self._running.pop(task_id, None)
 
     def running_ids(self) -> list[str]:
         """The ids of the tasks this process runs now."""
@@ -213,6 +207,7 @@ def install_hooks(app: Celery, settings: Settings, process: WorkerProcess) -> No
     signals.setup_logging.connect(on_setup_logging, weak=False)
     signals.celeryd_init.connect(on_init, weak=False)
     signals.celeryd_after_setup.connect(consume_served_queues(app, process), weak=False)
+    track_running(app, process)
     signals.worker_process_init.connect(on_process_init, weak=False)
     signals.worker_init.connect(on_threads_worker_init, weak=False)
     signals.worker_process_shutdown.connect(on_shutdown, weak=False)
@@ -231,6 +226,23 @@ def consume_served_queues(app: Celery, process: WorkerProcess) -> Any:
             queues.select_add(queues[name])  # the declared queue (its exchange), not a new one
 
     return on_after_setup
+
+
+def track_running(app: Celery, process: WorkerProcess) -> None:
+    """Keep the ids of the tasks `process` runs, from before a task starts until after its result
+    is stored (Celery stores it before `task_postrun`, retrying through a broker outage): a
+    producer whose job is late sends it again only when no live worker runs it."""
+
+    def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+        if task_id and getattr(task, "app", None) is app:
+            process.task_started(task_id)
+
+    def on_postrun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+        if task_id and getattr(task, "app", None) is app:
+            process.task_finished(task_id)
+
+    signals.task_prerun.connect(on_prerun, weak=False)
+    signals.task_postrun.connect(on_postrun, weak=False)
 
 
 def queues_from_options(options: dict[str, Any], default: tuple[str, ...]) -> tuple[str, ...]:

@@ -10,8 +10,8 @@ Payloads are JSON (or msgpack when they carry raw bytes):
 Paths are confined to the allowed roots and URLs to the allowed URL prefixes (`pipeline.paths`).
 Bad input is a result with an error code. Only a missing model (still loading, or a failed load
 that a later generation may fix) is retried, with bounded backoff, and then is a `model_error`
-result. Each task's id is in its process's heartbeat record while it runs (`running_task`): a
-producer sends again only a job that no live worker runs (`workers.queue.client`).
+result. Each task's id is in its process's heartbeat record from its start until its result is
+stored (`workers.worker.track_running`): a producer sends again only a job no live worker runs.
 """
 
 from __future__ import annotations
@@ -322,13 +322,11 @@ def register_tasks(app: Celery, process: WorkerProcess) -> None:
     def job_task(op: str) -> None:
         @app.task(name=TASK_NAMES[op], bind=True)
         def handler(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
-            with process.running_task(self.request.id):
-                return run_job(process, self, op, job_argument(args, kwargs))
+            return run_job(process, self, op, job_argument(args, kwargs))
 
     for op in TASK_NAMES:
         job_task(op)
 
     @app.task(name=SHARD_TASK, bind=True, ignore_result=True)
     def shard(self: Task, payload: Any) -> dict[str, Any]:
-        with process.running_task(self.request.id):
-            return run_shard(process, self, payload)
+        return run_shard(process, self, payload)
