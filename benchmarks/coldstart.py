@@ -119,6 +119,7 @@ def measure_worker_ready(
             "broker_url": embedded.url,
             "model_dir": models,
             "provider": "cpu",
+            "speech_check": False,  # generated clips are not speech
             "allowed_roots": (clip.parent.resolve(),),
             "model_cache": cache_dir is not None,
             **({"model_cache_dir": cache_dir} if cache_dir is not None else {}),

@@ -158,12 +158,13 @@ def read_result(folder: Path, name: str) -> dict[str, Any] | None:
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of every child: this one without `VOXMILL_*` (no broker: embedded mode),
-    CPU provider, the project importable, plus `extra`."""
+    CPU provider, no speech check, the project importable, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXMILL_")}
     env["VOXMILL_PROVIDER"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
     env["VOXMILL_MODEL_CACHE_DIR"] = str(MODEL_CACHE_DIR)
+    env["VOXMILL_SPEECH_CHECK"] = "false"  # generated clips are not speech (benchmarks/speech_check.py)
     env.update(extra or {})
     return env
 

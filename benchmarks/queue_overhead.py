@@ -188,6 +188,7 @@ def measure_queue(tasks: int, repeats: int, quick: bool = False) -> dict[str, An
             "broker_url": embedded.url,
             "model_dir": models,
             "provider": "cpu",
+            "speech_check": False,  # generated clips are not speech
             "allowed_roots": (clip.parent,),
         }
     )

@@ -211,6 +211,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     settings = Settings(
         broker_url=server.url,
         model_dir=models,
+        speech_check=False,  # generated clips are not speech
         allowed_roots=(CLIP.parent,),
         provider="cpu",
         watch_quiet_s=args.quiet_s,

@@ -97,6 +97,7 @@ class Soak:
         self.settings = Settings(
             broker_url=self.redis_server.url,
             model_dir=models,
+            speech_check=False,  # generated clips are not speech
             allowed_roots=(audio,),
             result_expires_s=self.result_expires_s,
             log_level="INFO",

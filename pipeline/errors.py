@@ -23,6 +23,8 @@ INTERNAL = "internal"
 NO_SPEECH = "no_speech"
 # Wave 2: an object store refused the request or could not be reached (pipeline/storage.py).
 STORE_ERROR = "store_error"
+# Wave 2: an utterance left out of a corpus's features by a quality filter (pipeline/quality.py).
+FILTERED = "filtered"
 
 CODES: tuple[str, ...] = (
     NOT_FOUND,
@@ -40,6 +42,7 @@ CODES: tuple[str, ...] = (
     INTERNAL,
     NO_SPEECH,
     STORE_ERROR,
+    FILTERED,
 )
 
 

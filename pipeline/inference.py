@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from pipeline.registry import Registry
 from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.settings import AudioLimits
 from pipeline.vad import SpeechCheck, require_speech, shared_detector
+
+log = logging.getLogger("voxmill.inference")
 
 WINDOW_FRAMES = 3000  # 30 s of 10 ms frames
 STRIDE_FRAMES = 2600  # 26 s: windows overlap by 4 s
@@ -215,15 +218,44 @@ def run_clip(
             require_speech(float(stats["speech_s"]), audio.duration_s, speech)
         fields = run_op(op, audio, sessions, timings)
     except VoxmillError as exc:
+        error = exc.to_dict()
+    except Exception as exc:  # a bug fails this clip alone, with a code, instead of its whole batch
+        log.exception("clip %s (%s) failed unexpectedly", label, op)
+        error = {"code": errors.INTERNAL, "message": f"{type(exc).__name__}: {exc}"}
+    else:
         return TaskResult(
-            input=label, op=op, models=models, error=exc.to_dict(), timings_ms=timings.stages, stats=stats
+            input=label,
+            op=op,
+            audio_seconds=round(audio.duration_s, 4),
+            models=models,
+            timings_ms=timings.stages,
+            stats=stats,
+            **fields,
         )
-    return TaskResult(
-        input=label,
-        op=op,
-        audio_seconds=round(audio.duration_s, 4),
-        models=models,
-        timings_ms=timings.stages,
-        stats=stats,
-        **fields,
-    )
+    return TaskResult(input=label, op=op, models=models, error=error, timings_ms=timings.stages, stats=stats)
+
+
+def frontend_parameters() -> dict[str, Any]:
+    """The front-end every token and embedding of this voxmill comes from (a run's provenance)."""
+    from pipeline import features
+
+    return {
+        "sample_rate_hz": features.SAMPLE_RATE_HZ,
+        "resampler": "soxr HQ",
+        "tokenizer_features": {
+            "kind": "whisper log-mel",
+            "n_mels": 128,
+            "n_fft": features.N_FFT,
+            "hop": features.HOP,
+            "window_frames": WINDOW_FRAMES,
+            "stride_frames": STRIDE_FRAMES,
+        },
+        "embedder_features": {
+            "kind": "kaldi fbank, mean-normalised over time",
+            "num_mel_bins": 80,
+            "frame_length": features.KALDI_FRAME,
+            "frame_shift": features.KALDI_SHIFT,
+            "dither": 0.0,
+            "preemphasis": features.PREEMPHASIS,
+        },
+    }

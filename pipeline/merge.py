@@ -32,13 +32,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.errors import OUTPUT_ERROR, VoxmillError
-from pipeline.records import OPS, ShardSpec
+from pipeline.errors import FILTERED, OUTPUT_ERROR, VoxmillError
+from pipeline.quality import STAT_FIELDS, QualityFilter
+from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec
 from pipeline.storage import OutputLocation, output_location
 from pipeline.writers import (
     EMBEDDING_OPS,
     ERRORS_FILE,
+    PROVENANCE_METADATA_KEY,
     REPORT_FILE,
+    SHA256_COLUMNS,
     SPEECH_TOKENS_FILE,
     SPEECH_TOKENS_SCHEMA,
     SPK_EMBEDDINGS_FILE,
@@ -46,6 +49,8 @@ from pipeline.writers import (
     TOKEN_OPS,
     UTT_EMBEDDINGS_FILE,
     UTT_EMBEDDINGS_SCHEMA,
+    UTT_STATS_FILE,
+    UTT_STATS_SCHEMA,
     read_shard,
     shard_file_name,
     shard_models,
@@ -82,9 +87,12 @@ class _TableSink:
             self._writer.write_table(pa.concat_tables(self._pending))
         self._pending, self._rows = [], 0
 
-    def close(self) -> None:
-        """Write what is left and the file's footer (the rename follows when the merge succeeds)."""
+    def close(self, metadata: dict[str, str] | None = None) -> None:
+        """Write what is left, `metadata` (the file's Parquet key-value metadata) and the footer; the
+        rename follows when the whole merge succeeds."""
         self._flush()
+        if metadata:
+            self._writer.add_key_value_metadata(metadata)
         self._close_writer()
 
     def _close_writer(self) -> None:
@@ -111,13 +119,55 @@ class _SpeakerSums:
 
     def table(self) -> pa.Table:
         spks = list(self.sums)
+        if not spks:  # every utterance failed or was filtered out
+            return SPK_EMBEDDINGS_SCHEMA.empty_table()
         counts = np.array([self.counts[s] for s in spks], dtype=np.int64)
-        dim = len(next(iter(self.sums.values()))) if spks else 0
+        dim = len(next(iter(self.sums.values())))
         sums = np.array([self.sums[s] for s in spks], dtype=np.float64).reshape(len(spks), dim)
         means = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
         vectors = pa.FixedSizeListArray.from_arrays(pa.array(means.reshape(-1), type=pa.float32()), dim)
         columns = {"spk": spks, "embedding": vectors.cast(pa.list_(pa.float32())), "num_utts": counts}
         return pa.Table.from_pydict(columns, schema=SPK_EMBEDDINGS_SCHEMA)
+
+
+class _StatHistograms:
+    """Fixed-bin histograms of the quality statistics: their percentiles in constant memory."""
+
+    BINS: dict[str, tuple[float, float, float]] = {  # name: (low, high, bin width)
+        "duration_s": (0.0, 3600.0, 0.01),
+        "speech_s": (0.0, 3600.0, 0.01),
+        "speech_ratio": (0.0, 1.0, 0.001),
+        "rms_dbfs": (-150.0, 0.0, 0.1),
+        "peak_dbfs": (-150.0, 0.0, 0.1),
+        "clipped_fraction": (0.0, 1.0, 0.0001),
+    }
+    QUANTILES = (0.05, 0.5, 0.95)
+
+    def __init__(self) -> None:
+        self.counts = {
+            name: np.zeros(round((hi - lo) / w) + 1, dtype=np.int64)
+            for name, (lo, hi, w) in self.BINS.items()
+        }
+
+    def add(self, stats: pa.Table) -> None:
+        for name, (low, _, width) in self.BINS.items():
+            column = stats.column(name)
+            values = np.asarray(column.drop_null() if column.null_count else column, dtype=np.float64)
+            bins = np.clip(np.round((values - low) / width), 0, len(self.counts[name]) - 1).astype(np.int64)
+            self.counts[name] += np.bincount(bins, minlength=len(self.counts[name]))
+
+    def percentiles(self) -> dict[str, dict[str, float | int | None]]:
+        out: dict[str, dict[str, float | int | None]] = {}
+        for name, (low, _, width) in self.BINS.items():
+            counts = self.counts[name]
+            total = int(counts.sum())
+            row: dict[str, float | int | None] = {"count": total}
+            cumulative = np.cumsum(counts)
+            for q in self.QUANTILES:
+                index = int(np.searchsorted(cumulative, q * total, side="left")) if total else None
+                row[f"p{round(q * 100)}"] = None if index is None else round(low + index * width, 6)
+            out[name] = row
+        return out
 
 
 @dataclass
@@ -127,14 +177,16 @@ class _Tally:
     ops: list[str] = field(default_factory=list)
     utterances: int = 0
     audio_seconds: float = 0.0
+    filtered: int = 0
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     model_votes: dict[str, dict[str, int]] = field(default_factory=dict)
+    histograms: _StatHistograms = field(default_factory=_StatHistograms)
 
-    def add(self, op: str, table: pa.Table) -> None:
-        codes = table.column("error_code")
+    def add(self, op: str, table: pa.Table, ok: int) -> None:
+        """One op's shard file, of which `ok` rows go into the outputs (the rest failed or were filtered)."""
         counts = self.counts.setdefault(op, {"ok": 0, "failed": 0})
-        counts["ok"] += codes.null_count
-        counts["failed"] += len(codes) - codes.null_count
+        counts["ok"] += ok
+        counts["failed"] += table.num_rows - ok
         for role, ref in shard_models(table).items():
             key = json.dumps(ref, sort_keys=True)
             votes = self.model_votes.setdefault(role, {})
@@ -156,7 +208,28 @@ class _Tally:
                 mixed[role] = [{**json.loads(key), "shards": n} for key, n in ranked]
         if mixed:
             report["models_mixed"] = mixed
+        report["stats"] = self.histograms.percentiles()
         return report
+
+    def provenance(self) -> dict[str, Any]:
+        """What produced the outputs: voxmill, each model (file, sha256, provider actually used,
+        ONNX Runtime), the front-end (`pipeline.inference.frontend_parameters`)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        from pipeline.inference import frontend_parameters
+
+        try:
+            voxmill = version("voxmill")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            voxmill = "unknown"
+        models = self.report()["models"]
+        return {
+            "voxmill": voxmill,
+            "models": models,
+            "providers": {role: ref.get("provider", "") for role, ref in models.items()},
+            "onnxruntime": sorted({ref["onnxruntime"] for ref in models.values() if ref.get("onnxruntime")}),
+            "frontend": frontend_parameters(),
+        }
 
 
 class _Outputs:
@@ -169,6 +242,7 @@ class _Outputs:
         self.errors = io.TextIOWrapper(stack.enter_context(out.writer(ERRORS_FILE)), encoding="utf-8")
         self.tokens: _TableSink | None = None
         self.embeddings: _TableSink | None = None
+        self.stats = _TableSink(stack, out, UTT_STATS_FILE, UTT_STATS_SCHEMA, buffer_rows)
         self.token_op = self.embed_op = ""
         self.speakers = _SpeakerSums()
 
@@ -188,18 +262,20 @@ class _Outputs:
             )
 
     def add(self, op: str, ok: pa.Table) -> None:
-        """The succeeded rows of one op's shard file."""
+        """The rows of one op's shard file that go into the outputs, each with its model's sha256."""
         if op == self.token_op and self.tokens is not None:
-            self.tokens.add(ok.select(SPEECH_TOKENS_SCHEMA.names))
+            rows = ok.select(["utt", "speech_token", SHA256_COLUMNS[ROLE_TOKENIZER]])
+            self.tokens.add(rows.rename_columns(SPEECH_TOKENS_SCHEMA.names))
         if op == self.embed_op and self.embeddings is not None:
-            rows = ok.select(UTT_EMBEDDINGS_SCHEMA.names)
-            self.embeddings.add(rows)
+            rows = ok.select(["utt", "spk", "embedding", SHA256_COLUMNS[ROLE_EMBEDDER]])
+            self.embeddings.add(rows.rename_columns(UTT_EMBEDDINGS_SCHEMA.names))
             self.speakers.add(rows.column("spk").to_pylist(), _matrix(rows.column("embedding")))
 
-    def close(self) -> None:
-        for sink in (self.tokens, self.embeddings):
+    def close(self, provenance: dict[str, Any]) -> None:
+        metadata = {PROVENANCE_METADATA_KEY: json.dumps(provenance, sort_keys=True)}
+        for sink in (self.tokens, self.embeddings, self.stats):
             if sink is not None:
-                sink.close()
+                sink.close(metadata)
         self.errors.flush()
         self.errors.detach()  # the binary stream is committed by the stack
 
@@ -209,26 +285,36 @@ def merge_outputs(
     specs: Iterable[ShardSpec],
     report_extra: dict[str, Any],
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
+    quality: QualityFilter | None = None,
 ) -> dict[str, Any]:
     """Merge the shard files of `specs` (the plan's, in shard order) into the outputs; the report.
 
     Writes `speech_tokens.parquet` (ops tokenize/extract), `utt_embeddings.parquet` and
-    `spk_embeddings.parquet` (ops embed/extract), `errors.jsonl` and, last, `report.json`. A
-    missing shard file, or one whose rows are not its shard's utterances, is
-    `VoxmillError("output_error")` and leaves the outputs as they were.
+    `spk_embeddings.parquet` (ops embed/extract), `utt_stats.parquet`, `errors.jsonl` and, last,
+    `report.json`. Utterances `quality` filters out are left out of the features and listed in
+    `errors.jsonl` with code `filtered`. Every parquet output's key-value metadata and the report
+    hold the run's provenance. A missing shard file, or one whose rows are not its shard's
+    utterances, is `VoxmillError("output_error")` and leaves the outputs as they were.
     """
     out = output_location(out_dir)
+    quality = quality or QualityFilter()
     tally = _Tally()
     with contextlib.ExitStack() as stack:
         outputs = _Outputs(out, stack, buffer_rows)
         for shard_specs in _by_shard(specs):
             outputs.open_for([spec.op for spec in shard_specs])
-            _merge_shard(out, shard_specs, tally, outputs)
+            _merge_shard(out, shard_specs, tally, outputs, quality)
         outputs.open_for(tally.ops)
-        outputs.close()
+        provenance = tally.provenance()
+        outputs.close(provenance)
     if outputs.embeddings is not None:
-        write_table_at(out, SPK_EMBEDDINGS_FILE, outputs.speakers.table())
+        spk = outputs.speakers.table()
+        spk = spk.replace_schema_metadata({PROVENANCE_METADATA_KEY: json.dumps(provenance, sort_keys=True)})
+        write_table_at(out, SPK_EMBEDDINGS_FILE, spk)
     report = tally.report()
+    report["provenance"] = provenance
+    if quality.active:
+        report["filters"] = {**quality.to_dict(), "filtered_utterances": tally.filtered}
     report.update(report_extra)
     write_text_at(out, REPORT_FILE, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
@@ -250,40 +336,70 @@ def _op_rank(spec: ShardSpec) -> int:
     return OPS.index(spec.op) if spec.op in OPS else len(OPS)
 
 
-def _merge_shard(out: OutputLocation, specs: list[ShardSpec], tally: _Tally, outputs: _Outputs) -> None:
+def _merge_shard(
+    out: OutputLocation, specs: list[ShardSpec], tally: _Tally, outputs: _Outputs, quality: QualityFilter
+) -> None:
     """Fold one shard (every op's file of it) into the outputs."""
     tables = [(spec, out.ref(shard_file_name(spec.op, spec.shard))) for spec in specs]
     read = [(spec, path, read_shard(path)) for spec, path in tables]
     # A tar's utterances are what it held: the first op's rows, the same in every op's file.
     utts = read[0][2].column("utt").to_pylist() if specs[0].tar else [u.utt for u in specs[0].utts]
-    seconds: list[float | None] = [None] * len(utts)
-    failures: list[list[dict[str, str]]] = [[] for _ in utts]
     for spec, path, table in read:
         _check_rows(path, spec, table, utts)
+    stats = _shard_stats([table for _, _, table in read])
+    outputs.stats.add(stats)
+    tally.histograms.add(stats)
+    reasons = [quality.reason(row) for row in stats.to_pylist()] if quality.active else [None] * len(utts)
+    kept = pa.array([reason is None for reason in reasons], type=pa.bool_())
+    failures: list[list[dict[str, str]]] = [[] for _ in utts]
+    for spec, _, table in read:
         if spec.op not in tally.ops:
             tally.ops.append(spec.op)
-        tally.add(spec.op, table)
-        for index, value in enumerate(table.column("audio_seconds").to_pylist()):
-            if seconds[index] is None and value is not None:
-                seconds[index] = float(value)
         codes = table.column("error_code")
-        if codes.null_count < len(codes):
-            messages = table.column("error_message").to_pylist()
-            for index, code in enumerate(codes.to_pylist()):
-                if code is not None:
-                    failure = {
-                        "utt": utts[index],
-                        "op": spec.op,
-                        "code": code,
-                        "message": messages[index] or "",
-                    }
-                    failures[index].append(failure)
-        outputs.add(spec.op, table.filter(pc.is_null(codes)))
+        messages = table.column("error_message").to_pylist() if codes.null_count < len(codes) else []
+        for index, code in enumerate(codes.to_pylist()):
+            if code is not None:
+                failures[index].append(_failure(utts[index], spec.op, code, messages[index] or ""))
+            elif reasons[index] is not None:
+                failures[index].append(_failure(utts[index], spec.op, FILTERED, str(reasons[index])))
+        ok = table.filter(pc.and_(pc.is_null(codes), kept))
+        tally.add(spec.op, table, ok.num_rows)
+        outputs.add(spec.op, ok)
     tally.utterances += len(utts)
-    tally.audio_seconds += sum(s for s in seconds if s is not None)
+    tally.filtered += sum(any(f["code"] == FILTERED for f in found) for found in failures)
+    audio = [_first_seconds(index, read) for index in range(len(utts))]
+    tally.audio_seconds += sum(s for s in audio if s is not None)
     for found in failures:  # by utterance, then op: what a sort of the errors by corpus order gives
         for failure in found:
             outputs.errors.write(json.dumps(failure, ensure_ascii=False) + "\n")
+
+
+def _failure(utt: str, op: str, code: str, message: str) -> dict[str, str]:
+    return {"utt": utt, "op": op, "code": code, "message": message}
+
+
+def _first_seconds(index: int, read: list[tuple[ShardSpec, Any, pa.Table]]) -> float | None:
+    """The utterance's audio seconds: the first op's file that has them (a failed op has none)."""
+    for _, _, table in read:
+        value = table.column("audio_seconds")[index].as_py()
+        if value is not None:
+            return float(value)
+    return None
+
+
+def _shard_stats(tables: list[pa.Table]) -> pa.Table:
+    """One row of quality statistics per utterance of the shard: the first op's file that has them
+    (every op decodes the clip the same way; a failed decode has none)."""
+    first = tables[0]
+    columns: dict[str, pa.ChunkedArray] = {"utt": first.column("utt"), "spk": first.column("spk")}
+    for name in STAT_FIELDS:
+        column = first.column(name)
+        for other in tables[1:]:
+            if column.null_count == 0:
+                break
+            column = pc.coalesce(column, other.column(name))
+        columns[name] = column
+    return pa.table(columns).cast(UTT_STATS_SCHEMA)
 
 
 def _check_rows(path: Path | str, spec: ShardSpec, table: pa.Table, wanted: list[str]) -> None:

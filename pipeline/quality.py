@@ -15,6 +15,8 @@ Rules:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -78,3 +80,45 @@ def clip_stats(
         "peak_dbfs": dbfs(peak),
         "clipped_fraction": clipped / n if n else 0.0,
     }
+
+
+@dataclass(frozen=True)
+class QualityFilter:
+    """Which utterances a run leaves out of its features, by their quality statistics.
+
+    Applied when the shards are merged (`pipeline.merge`): changing it needs no re-extraction. A
+    statistic a clip does not have (no speech ratio with the speech check off) never filters it.
+    """
+
+    min_speech_ratio: float | None = None
+    max_clipped_fraction: float | None = None
+    min_duration_s: float | None = None
+    max_duration_s: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return any(value is not None for value in self.to_dict().values())
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {
+            "min_speech_ratio": self.min_speech_ratio,
+            "max_clipped_fraction": self.max_clipped_fraction,
+            "min_duration_s": self.min_duration_s,
+            "max_duration_s": self.max_duration_s,
+        }
+
+    def reason(self, stats: Mapping[str, Any]) -> str | None:
+        """Why a clip with these statistics is left out, or None when it is kept."""
+        checks = (
+            ("speech_ratio", self.min_speech_ratio, "below", "--min-speech-ratio"),
+            ("clipped_fraction", self.max_clipped_fraction, "above", "--max-clipped"),
+            ("duration_s", self.min_duration_s, "below", "--min-duration"),
+            ("duration_s", self.max_duration_s, "above", "--max-duration"),
+        )
+        for name, limit, side, option in checks:
+            value = stats.get(name)
+            if limit is None or value is None:
+                continue
+            if (side == "below" and value < limit) or (side == "above" and value > limit):
+                return f"{name.replace('_', ' ')} {value:g} is {side} {option} {limit:g}"
+        return None

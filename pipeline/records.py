@@ -67,7 +67,8 @@ class Utterance:
 
 @dataclass(frozen=True)
 class ModelRef:
-    """Which model file, by content, produced a result.
+    """Which model file, by content, produced a result, and how it ran: the provider actually used
+    (`CPUExecutionProvider`, `TensorrtExecutionProvider (fp16)`...) and the ONNX Runtime version.
 
     >>> ModelRef(role="embedder", file="campplus.onnx", sha256="ab12...")
     """
@@ -75,13 +76,22 @@ class ModelRef:
     role: str
     file: str
     sha256: str
+    provider: str = ""
+    onnxruntime: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return {"file": self.file, "sha256": self.sha256}
+        ran = {"provider": self.provider, "onnxruntime": self.onnxruntime}
+        return {"file": self.file, "sha256": self.sha256, **{k: v for k, v in ran.items() if v}}
 
     @classmethod
     def from_dict(cls, role: str, data: dict[str, str]) -> ModelRef:
-        return cls(role=role, file=data["file"], sha256=data["sha256"])
+        return cls(
+            role=role,
+            file=data["file"],
+            sha256=data["sha256"],
+            provider=data.get("provider", ""),
+            onnxruntime=data.get("onnxruntime", ""),
+        )
 
 
 @dataclass(frozen=True)

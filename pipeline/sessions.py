@@ -361,7 +361,10 @@ class ModelSession:
             log.warning("%s: %s", path.name, choice.warning)
         check_signature(spec, path.name, session.get_inputs(), session.get_outputs())
         identified = registry.identify(role, path.name, sha256)
-        ref = ModelRef(role=role, file=path.name, sha256=sha256)
+        provider = str(session.get_providers()[0])
+        if "Tensorrt" in provider and options.provider_options.trt_fp16:
+            provider += " (fp16)"
+        ref = ModelRef(role, path.name, sha256, provider, str(ort.__version__))
         loaded = cls(
             spec=spec,
             identified=identified,

@@ -74,10 +74,24 @@ SHARD_SCHEMA = pa.schema(
 )
 STAT_COLUMNS: tuple[str, ...] = STAT_FIELDS
 SHA256_COLUMNS = {ROLE_TOKENIZER: "tokenizer_sha256", ROLE_EMBEDDER: "embedder_sha256"}
-SPEECH_TOKENS_SCHEMA = pa.schema([("utt", pa.string()), ("speech_token", pa.list_(pa.int32()))])
-UTT_EMBEDDINGS_SCHEMA = pa.schema(
-    [("utt", pa.string()), ("spk", pa.string()), ("embedding", pa.list_(pa.float32()))]
+# The outputs' row of the model that made it (`model_sha256`): a run spanning a hot reload splits exactly.
+SPEECH_TOKENS_SCHEMA = pa.schema(
+    [("utt", pa.string()), ("speech_token", pa.list_(pa.int32())), ("model_sha256", pa.string())]
 )
+UTT_EMBEDDINGS_SCHEMA = pa.schema(
+    [
+        ("utt", pa.string()),
+        ("spk", pa.string()),
+        ("embedding", pa.list_(pa.float32())),
+        ("model_sha256", pa.string()),
+    ]
+)
+UTT_STATS_FILE = "utt_stats.parquet"
+UTT_STATS_SCHEMA = pa.schema(
+    [("utt", pa.string()), ("spk", pa.string()), *(SHARD_SCHEMA.field(n) for n in STAT_FIELDS)]
+)
+# Key of every output file's Parquet key-value metadata: what produced it (`pipeline.merge`).
+PROVENANCE_METADATA_KEY = "voxmill.provenance"
 SPK_EMBEDDINGS_SCHEMA = pa.schema(
     [("spk", pa.string()), ("embedding", pa.list_(pa.float32())), ("num_utts", pa.int64())]
 )
@@ -217,12 +231,13 @@ def _sha256_of(result: TaskResult, role: str) -> str | None:
 
 
 def _models_of(results: Iterable[TaskResult]) -> Models:
-    """{role: {"file", "sha256"}} of the successful results (the first model seen per role)."""
+    """{role: {"file", "sha256", "provider", "onnxruntime"}} of the successful results (the first
+    model seen per role; what ran it, when the result says)."""
     models: Models = {}
     for result in results:
         if result.error is None:
             for role, ref in result.models.items():
-                models.setdefault(role, {"file": str(ref["file"]), "sha256": str(ref["sha256"])})
+                models.setdefault(role, {key: str(value) for key, value in ref.items()})
     return models
 
 
@@ -248,6 +263,17 @@ def shard_models(table: pa.Table) -> Models:
         return {}
     models: Models = json.loads(raw)
     return models
+
+
+def shard_sha256s(table: pa.Table) -> dict[str, set[str]]:
+    """{role: the model sha256s its rows name} of a shard table (roles with no row left out)."""
+    found = {role: set(table.column(name).drop_null().to_pylist()) for role, name in SHA256_COLUMNS.items()}
+    return {role: shas for role, shas in found.items() if shas}
+
+
+def made_by_other_models(found: dict[str, set[str]], current: dict[str, str]) -> bool:
+    """A shard some of whose rows another model than the `current` one ({role: sha256}) made."""
+    return any(role in current and shas - {current[role]} for role, shas in found.items())
 
 
 def shard_counts(path: Path | str) -> tuple[int, int]:

@@ -110,6 +110,8 @@ def make_settings(redis_url: str, model_dir: Path, roots: list[Path], **override
         "allowed_roots": tuple(roots),
         "worker_reload_check_s": 0.2,
         "log_level": "INFO",
+        # The synthetic fixtures hold no speech; the speech check's tests turn it on.
+        "speech_check": False,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
@@ -163,9 +165,10 @@ VOXMILL = str(Path(sys.executable).parent / "voxmill")
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment without any VOXMILL_* of the caller's, plus `extra`."""
+    """The environment without any VOXMILL_* of the caller's, the speech check off (the synthetic
+    fixtures hold no speech), plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXMILL_")}
-    return {**env, **(extra or {})}
+    return {**env, "VOXMILL_SPEECH_CHECK": "false", **(extra or {})}
 
 
 def voxmill(

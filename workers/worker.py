@@ -37,6 +37,7 @@ from pipeline.records import ROLES_BY_OP
 from pipeline.registry import Registry
 from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.settings import Settings
+from pipeline.vad import SpeechCheck, shared_detector
 from workers.keys import QUEUES
 from workers.observe import metrics
 from workers.observe.logs import setup_logging
@@ -67,7 +68,8 @@ def served_queues(queues: Sequence[str]) -> tuple[str, ...]:
 
 class WorkerProcess:
     """What one worker process serves from: its models (`ModelHolder`), their reload
-    (`ReloadCoordinator`), its metrics, its Redis connection, and the limits jobs are held to.
+    (`ReloadCoordinator`), its metrics, its Redis connection, the limits jobs are held to and the
+    speech check they pass (`SpeechCheck`).
 
     Configured with the worker's queues and pool before any fork (`configure`), started in each
     pool process (`start`), stopped when it exits (`stop`).
@@ -77,6 +79,7 @@ class WorkerProcess:
         self.settings = settings
         self.roots = settings.roots()
         self.limits = settings.audio_limits
+        self.speech = SpeechCheck.from_settings(settings)
         self.queues: tuple[str, ...] = QUEUES
         self.pool = "prefork"
         self.metrics: NoMetrics = NoMetrics()
@@ -100,10 +103,13 @@ class WorkerProcess:
             metrics.prepare_multiprocess()
 
     def start(self) -> None:
-        """Metrics first, then load every model the queues need, then heartbeat and reload."""
+        """Metrics first, then load every model the queues need (the speech detector too), then
+        heartbeat and reload."""
         roles = roles_for_queues(self.queues)
         if not roles:
             return
+        if self.speech.enabled:
+            shared_detector(self.speech)  # loaded before the first job, as the models are
         if self.settings.metrics_port:
             self.metrics = Metrics()
         if self.settings.broker_url:

@@ -52,9 +52,9 @@ def _install(trace_dir: str) -> None:
         )
         return session
 
-    def run_clip(label, source, op, sessions, limits):  # type: ignore[no-untyped-def]
+    def run_clip(label, *args, **kwargs):  # type: ignore[no-untyped-def]
         started = time.time()
-        result = original_run_clip(label, source, op, sessions, limits)
+        result = original_run_clip(label, *args, **kwargs)
         record = {
             "utt": label,
             "start": started,
@@ -69,9 +69,9 @@ def _install(trace_dir: str) -> None:
             pending.append(record)
         return result
 
-    def write_shard(out_dir, spec, results):  # type: ignore[no-untyped-def]
+    def write_shard(out_dir, spec, results, *args, **kwargs):  # type: ignore[no-untyped-def]
         started = time.time()
-        path = original_write(out_dir, spec, results)
+        path = original_write(out_dir, spec, results, *args, **kwargs)
         ended = time.time()
         utts = list(pending)
         pending.clear()

@@ -135,3 +135,26 @@ def test_a_clip_calls_no_blas(tiny_models: Path, blas: str, monkeypatch: pytest.
         monkeypatch.setattr(np, blas, refused)
         for op in ("tokenize", "embed", "extract"):
             assert run_clip("x", FIXTURES / "chirp_3s.wav", op, extractor.sessions, AudioLimits()).ok
+
+
+def test_an_unexpected_exception_fails_that_clip_alone_as_internal(
+    extractor: Extractor, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import soundfile as sf
+
+    import pipeline.inference as inference
+
+    sf.write(tmp_path / "short.wav", speech(1.0), 16000)
+
+    real = inference.run_op
+
+    def broken_on_z(op: str, audio: object, sessions: object, timings: object) -> object:
+        if audio.duration_s < 3.0:  # type: ignore[attr-defined]
+            raise RuntimeError("a bug")
+        return real(op, audio, sessions, timings)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(inference, "run_op", broken_on_z)
+    broken = run_clip("z", tmp_path / "short.wav", "extract", extractor.sessions, AudioLimits())
+    assert broken.error == {"code": "internal", "message": "RuntimeError: a bug"}
+    assert broken.stats is not None  # what was known before the bug is kept
+    assert run_clip("y", FIXTURES / "chirp_3s.wav", "extract", extractor.sessions, AudioLimits()).ok

@@ -170,14 +170,16 @@ def test_merge_writes_typed_outputs_in_shard_order(tmp_path: Path) -> None:
     specs = _run(tmp_path)
     report = merge_outputs(tmp_path, specs, {"wall_seconds": 12.5, "fingerprint": "f"})
     tokens = pq.read_table(tmp_path / "speech_tokens.parquet")
-    assert tokens.schema.names == ["utt", "speech_token"]
+    assert tokens.schema.names == ["utt", "speech_token", "model_sha256"]
+    assert tokens.column("model_sha256").to_pylist() == [TOK["tokenizer"]["sha256"]] * 4
     assert tokens.schema.field("utt").type == pa.string()
     assert tokens.schema.field("speech_token").type == pa.list_(pa.int32())
     assert tokens.column("utt").to_pylist() == ["c", "a", "b", "d"]
     assert tokens.column("speech_token").to_pylist()[1] == _ok("tokenize", "a").speech_token
 
     utt_emb = pq.read_table(tmp_path / "utt_embeddings.parquet")
-    assert utt_emb.schema.names == ["utt", "spk", "embedding"]
+    assert utt_emb.schema.names == ["utt", "spk", "embedding", "model_sha256"]
+    assert utt_emb.column("model_sha256").to_pylist() == [EMB["embedder"]["sha256"]] * 3
     assert utt_emb.schema.field("embedding").type == pa.list_(pa.float32())
     assert utt_emb.column("utt").to_pylist() == ["a", "b", "d"]
     assert utt_emb.column("spk").to_pylist() == ["s1", "s1", "s2"]
@@ -203,6 +205,12 @@ def test_merge_writes_typed_outputs_in_shard_order(tmp_path: Path) -> None:
 
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk == report
+    provenance, stats = report.pop("provenance"), report.pop("stats")
+    assert (
+        provenance["models"] == {**TOK, **EMB}
+        and provenance["frontend"]["tokenizer_features"]["n_mels"] == 128
+    )
+    assert stats["duration_s"]["count"] == 0  # these made-up shards hold no statistics
     assert report == {
         "utterances": 5,
         "audio_seconds": 6.0,
@@ -269,10 +277,83 @@ def test_merge_reports_mixed_models_across_shards(tmp_path: Path) -> None:
 
 
 def test_speaker_means_uses_float64_and_stores_float32() -> None:
-    table = speaker_means(
-        ["s", "t", "s"], np.array([[1.0, 2.0], [0.5, 0.5], [2.0, 5.0]], dtype=np.float32)
-    )
+    table = speaker_means(["s", "t", "s"], np.array([[1.0, 2.0], [0.5, 0.5], [2.0, 5.0]], dtype=np.float32))
     assert table.to_pylist() == [
         {"spk": "s", "embedding": [1.5, 3.5], "num_utts": 2},
         {"spk": "t", "embedding": [0.5, 0.5], "num_utts": 1},
     ]
+
+
+def _with_stats(result: TaskResult, ratio: float, clipped: float = 0.0) -> TaskResult:
+    stats = {"source_rate_hz": 16000, "source_channels": 1, "source_codec": "WAV/PCM_16", "duration_s": 1.5}
+    stats |= {"speech_s": 1.5 * ratio, "speech_ratio": ratio, "rms_dbfs": -20.0, "peak_dbfs": -3.0}
+    return TaskResult(**{**result.to_dict(), "stats": {**stats, "clipped_fraction": clipped}})
+
+
+def _stats_run(tmp_path: Path) -> list[ShardSpec]:
+    utts = [_utt("a", "s1"), _utt("b", "s1"), _utt("c", "s2")]
+    ratios = {"a": 0.9, "b": 0.1, "c": 0.5}
+    specs = []
+    for op in ("tokenize", "embed"):
+        spec = ShardSpec(shard=0, op=op, out_dir=str(tmp_path), utts=utts)
+        write_shard(tmp_path, spec, [_with_stats(_ok(op, u.utt), ratios[u.utt]) for u in utts])
+        specs.append(spec)
+    return specs
+
+
+def test_merge_writes_utt_stats_their_percentiles_and_provenance_in_every_file(tmp_path: Path) -> None:
+    report = merge_outputs(tmp_path, _stats_run(tmp_path), {})
+    stats = pq.read_table(tmp_path / "utt_stats.parquet")
+    assert stats.schema.names[:2] == ["utt", "spk"] and "speech_ratio" in stats.schema.names
+    assert stats.column("utt").to_pylist() == ["a", "b", "c"]
+    assert stats.column("speech_ratio").to_pylist() == [0.9, 0.1, 0.5]
+    assert stats.schema.field("source_channels").type == pa.int32()
+    assert report["stats"]["speech_ratio"] == {"count": 3, "p5": 0.1, "p50": 0.5, "p95": 0.9}
+    for name in (
+        "speech_tokens.parquet",
+        "utt_embeddings.parquet",
+        "spk_embeddings.parquet",
+        "utt_stats.parquet",
+    ):
+        metadata = pq.read_metadata(tmp_path / name).metadata
+        provenance = json.loads(metadata[b"voxmill.provenance"])
+        assert provenance["models"] == {**TOK, **EMB} and "voxmill" in provenance, name
+
+
+def test_a_quality_filter_leaves_utterances_out_and_lists_them_with_the_reason(tmp_path: Path) -> None:
+    from pipeline.quality import QualityFilter
+
+    report = merge_outputs(tmp_path, _stats_run(tmp_path), {}, quality=QualityFilter(min_speech_ratio=0.3))
+    assert pq.read_table(tmp_path / "speech_tokens.parquet").column("utt").to_pylist() == ["a", "c"]
+    assert pq.read_table(tmp_path / "utt_embeddings.parquet").column("utt").to_pylist() == ["a", "c"]
+    assert pq.read_table(tmp_path / "spk_embeddings.parquet").column("num_utts").to_pylist() == [1, 1]
+    assert pq.read_table(tmp_path / "utt_stats.parquet").num_rows == 3  # every utterance has its statistics
+    errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert [(e["utt"], e["op"], e["code"]) for e in errors] == [
+        ("b", "tokenize", "filtered"),
+        ("b", "embed", "filtered"),
+    ]
+    assert errors[0]["message"] == "speech ratio 0.1 is below --min-speech-ratio 0.3"
+    assert report["ops"]["embed"] == {"ok": 2, "failed": 1}
+    assert report["filters"]["min_speech_ratio"] == 0.3 and report["filters"]["filtered_utterances"] == 1
+
+
+def test_a_shard_made_by_another_model_is_told_by_its_rows(tmp_path: Path) -> None:
+    spec = ShardSpec(shard=0, op="extract", out_dir=str(tmp_path), utts=[_utt("a", "s"), _utt("b", "s")])
+    table = writers.shard_table(spec, [_ok("extract", "a"), _failed("extract", "b")])
+    found = writers.shard_sha256s(table)
+    assert found == {"tokenizer": {TOK["tokenizer"]["sha256"]}, "embedder": {EMB["embedder"]["sha256"]}}
+    current = {role: next(iter(shas)) for role, shas in found.items()}
+    assert not writers.made_by_other_models(found, current)
+    assert writers.made_by_other_models(found, {**current, "embedder": "f" * 64})
+    assert not writers.made_by_other_models(found, {"tokenizer": current["tokenizer"]})  # embed not redone
+    only_failures = writers.shard_table(spec, [_failed("extract", "a"), _failed("extract", "b")])
+    assert writers.shard_sha256s(only_failures) == {}
+
+
+def test_merge_of_a_run_whose_every_utterance_failed_writes_empty_outputs(tmp_path: Path) -> None:
+    spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
+    write_shard(tmp_path, spec, [_failed("embed", "a")])
+    report = merge_outputs(tmp_path, [spec], {})
+    assert report["ops"]["embed"] == {"ok": 0, "failed": 1}
+    assert pq.read_table(tmp_path / "spk_embeddings.parquet").num_rows == 0

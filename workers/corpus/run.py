@@ -21,6 +21,7 @@ from typing import Any
 
 from pipeline.corpus import Source, corpus_roots
 from pipeline.errors import VoxmillError
+from pipeline.quality import QualityFilter
 from pipeline.settings import Settings
 from pipeline.storage import mend_url, output_location
 from pipeline.writers import REPORT_FILE
@@ -36,11 +37,12 @@ def extract_corpus(
     workers: int,
     shard_size: int,
     quiet: bool = False,
+    quality: QualityFilter | None = None,
 ) -> dict[str, Any]:
     """`voxmill extract`; returns `report.json`'s content. `RunError` when the run cannot go on.
 
     `shard_size` 0: automatic (see `Planner`), for `workers` local processes, or with a broker for
-    the worker processes ready now.
+    the worker processes ready now. `quality` leaves utterances out of the merged features.
     """
     started = time.monotonic()
     out_dir = mend_url(out_dir)  # a URL given as a Path (`s3:/bucket/run`) is a URL again
@@ -64,7 +66,8 @@ def extract_corpus(
                 print(f"extract: starting {workers} local worker(s) on an embedded Redis", flush=True)
         try:
             planner = Planner(source, out_dir, ops, shard_size, settings, _workers(cluster, workers)).start()
-            return run_corpus(cluster, planner, out_dir, quiet, {"input": str(source)}, started)
+            extra = {"input": str(source)}
+            return run_corpus(cluster, planner, out_dir, quiet, extra, started, quality)
         finally:
             cluster.stop()
     except VoxmillError as exc:  # an op or shard size refused before anything ran
@@ -98,11 +101,13 @@ def run_corpus(
     quiet: bool = False,
     extra_report: dict[str, Any] | None = None,
     started: float | None = None,
+    quality: QualityFilter | None = None,
 ) -> dict[str, Any]:
     """Drive the plan on `cluster` to the end, stop the cluster, merge the outputs; the report.
 
     `wall_seconds` counts from `started` (a `time.monotonic()` value; default: now). A resumed run
-    that found every shard done and the outputs merged returns the report it finds.
+    that found every shard done and the outputs merged with the same filters returns the report
+    it finds.
     """
     from pipeline.merge import merge_outputs
     from workers.corpus.driver import CorpusDriver
@@ -118,7 +123,8 @@ def run_corpus(
     planner.join()
     if planner.error is not None:
         raise planner.error
-    merged = merged_report(out_dir, planner.fingerprint)
+    quality = quality or QualityFilter()
+    merged = merged_report(out_dir, planner.fingerprint, quality)
     if merged is not None and driver.ledger.done_now == 0:
         return merged
     extra = {"wall_seconds": round(time.monotonic() - started, 3), **(extra_report or {})}
@@ -126,13 +132,55 @@ def run_corpus(
     extra["plan_fingerprint"] = planner.fingerprint
     buffer_rows = cluster.settings.merge_buffer_rows
     try:
-        return merge_outputs(out_dir, PlanReader(out_dir).specs(), extra, buffer_rows)
+        return merge_outputs(out_dir, PlanReader(out_dir).specs(), extra, buffer_rows, quality)
     except VoxmillError as exc:
         raise RunError(exc.message) from None
 
 
-def merged_report(out_dir: Path | str, fingerprint: str) -> dict[str, Any] | None:
-    """The report of outputs already merged from this very plan (report.json is written last)."""
+def current_model_sha256(settings: Settings, ops: Sequence[str]) -> dict[str, str]:
+    """{role: sha256} of the models in `settings.model_dir` that `ops` need (what `--redo-mixed`
+    calls current); `RunError` when one is missing."""
+    from pipeline.records import ROLES_BY_OP
+    from pipeline.registry import Registry
+    from pipeline.sessions import read_model_bytes, sha256_bytes
+
+    registry = Registry.load()
+    current: dict[str, str] = {}
+    try:
+        for role in dict.fromkeys(r for op in ops for r in ROLES_BY_OP[op]):
+            path = registry.find_model(role, Path(settings.model_dir))
+            current[role] = sha256_bytes(read_model_bytes(path))
+    except VoxmillError as exc:
+        raise RunError(exc.message) from None
+    return current
+
+
+def drop_mixed_shards(out_dir: Path | str, current: dict[str, str]) -> list[str]:
+    """Delete the shard files some of whose rows another model than `current` made, so that the
+    next run redoes them with the current one; their names. A run that has not started yet has none."""
+    from pipeline.writers import SHARDS_DIR, made_by_other_models, read_shard, shard_sha256s
+
+    out = output_location(mend_url(out_dir))
+    dropped = []
+    for name in sorted(out.names(SHARDS_DIR)):
+        ref = f"{SHARDS_DIR}/{name}"
+        if not name.endswith(".parquet"):
+            continue
+        try:
+            found = shard_sha256s(read_shard(out.ref(ref)))
+        except VoxmillError as exc:
+            raise RunError(exc.message) from None
+        if made_by_other_models(found, current):
+            out.delete(ref)
+            dropped.append(ref)
+    return dropped
+
+
+def merged_report(
+    out_dir: Path | str, fingerprint: str, quality: QualityFilter | None = None
+) -> dict[str, Any] | None:
+    """The report of outputs already merged from this very plan with these filters (report.json is
+    written last)."""
     import json
 
     out = output_location(out_dir)
@@ -142,4 +190,10 @@ def merged_report(out_dir: Path | str, fingerprint: str) -> dict[str, Any] | Non
         report: dict[str, Any] = json.loads(out.read_bytes(REPORT_FILE))
     except (OSError, ValueError, VoxmillError):
         return None
-    return report if report.get("plan_fingerprint") == fingerprint else None
+    if report.get("plan_fingerprint") != fingerprint:
+        return None
+    quality = quality or QualityFilter()
+    filters = quality.to_dict() if quality.active else None
+    found = report.get("filters")
+    found = {k: v for k, v in found.items() if k != "filtered_utterances"} if found else None
+    return report if found == filters else None

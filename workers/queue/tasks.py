@@ -111,7 +111,7 @@ def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, 
     started = time.perf_counter()
     try:
         with process.metrics.in_flight(), process.serving(ROLES_BY_OP[op]) as sessions:
-            result = run_clip(label, source, op, sessions, process.limits)
+            result = run_clip(label, source, op, sessions, process.limits, process.speech)
     except ModelUnavailable as exc:
         retries = process.settings.model_retries
         if task.request.retries >= retries:  # the producer is told why, as a result
@@ -201,7 +201,7 @@ def _utterance(process: WorkerProcess, utt: Utterance, op: str, sessions: Any) -
     except VoxmillError as exc:
         return TaskResult(input=utt.utt, op=op, error=exc.to_dict())
     segment = Segment(utt.start_s or 0.0, utt.end_s, utt.channel) if utt.is_segment else None
-    return run_clip(utt.utt, source, op, sessions, process.limits, segment=segment)
+    return run_clip(utt.utt, source, op, sessions, process.limits, process.speech, segment)
 
 
 def _tar_results(
@@ -234,7 +234,9 @@ def _tar_results(
                 error = (sample.error or VoxmillError(errors.NOT_FOUND, "no audio")).to_dict()
                 results.append(TaskResult(input=sample.key, op=spec.op, error=error))
             else:
-                results.append(run_clip(sample.key, sample.audio, spec.op, sessions, member_limits))
+                results.append(
+                    run_clip(sample.key, sample.audio, spec.op, sessions, member_limits, process.speech)
+                )
     return utts, results
 
 
