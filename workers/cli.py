@@ -226,7 +226,7 @@ def submit(
     import redis
     from kombu.exceptions import OperationalError
 
-    from workers.queue.client import Client, read_payload
+    from workers.queue.client import Client, NoConsumer, read_payload
 
     settings = load_settings()
     require_broker(settings)
@@ -244,6 +244,8 @@ def submit(
                 jobs.append(client.submit(op, payload, name=str(path)))
         answered = iter(client.wait_all(jobs, timeout_s=timeout))
         results = [refused[i] if i in refused else next(answered) for i in range(len(audio))]
+    except NoConsumer as exc:
+        fail(str(exc))
     except (OperationalError, redis.RedisError) as exc:
         fail(f"cannot reach the broker at {settings.redacted_broker_url()}: {exc}")
     for result in results:
@@ -315,17 +317,46 @@ def extract(
         help="Serve this run's Prometheus metrics (shards, utterances, audio, failures, ETA) on this port.",
         show_default=False,
     ),
+    min_speech_ratio: float | None = typer.Option(
+        None,
+        "--min-speech-ratio",
+        min=0.0,
+        max=1.0,
+        help="Leave out utterances whose detected speech is a smaller fraction of them (0-1; needs the "
+        "speech check on). Filtered utterances are listed in errors.jsonl with code `filtered`.",
+    ),
+    max_clipped: float | None = typer.Option(
+        None,
+        "--max-clipped",
+        min=0.0,
+        max=1.0,
+        help="Leave out utterances with a larger fraction of clipped samples (0-1).",
+    ),
+    min_duration: float | None = typer.Option(
+        None, "--min-duration", min=0.0, help="Leave out utterances shorter than this many seconds."
+    ),
+    max_duration: float | None = typer.Option(
+        None, "--max-duration", min=0.0, help="Leave out utterances longer than this many seconds."
+    ),
+    redo_mixed: bool = typer.Option(
+        False,
+        "--redo-mixed",
+        help="First delete the shards that a model other than the one in the model folder made (a run "
+        "that spanned a model change), so this run redoes them.",
+    ),
 ) -> None:
     """Extract speech tokens and speaker embeddings for a whole corpus, in shards, resumably.
 
     Without VOXMILL_BROKER_URL it starts an embedded Redis and local workers; with it, it only
     submits shards and waits for workers anywhere that can read the same paths or URLs. Exit 0
     when the run completed (per-utterance failures are in errors.jsonl), 2 when it could not run.
+    The filters apply when the shards are merged: changing them re-merges and extracts nothing.
     """
     from pipeline.corpus import as_source
+    from pipeline.quality import QualityFilter
     from pipeline.storage import is_url, mend_url
     from workers.corpus.plan import RunError
-    from workers.corpus.run import extract_corpus
+    from workers.corpus.run import current_model_sha256, drop_mixed_shards, extract_corpus
     from workers.observe.run_metrics import RunMetricsPortError
 
     op_list = split_list(ops)
@@ -340,10 +371,16 @@ def extract(
         err.print(
             "[yellow]note:[/yellow] --models applies to local workers only; remote workers use their own"
         )
+    quality = QualityFilter(min_speech_ratio, max_clipped, min_duration, max_duration)
+    if min_speech_ratio is not None and not settings.speech_check:
+        err.print("[yellow]note:[/yellow] the speech check is off: --min-speech-ratio filters nothing")
     try:
+        if redo_mixed:
+            dropped = drop_mixed_shards(out_dir, current_model_sha256(settings, op_list))
+            err.print(f"--redo-mixed: {len(dropped)} shard file(s) made by another model deleted")
         local_workers = workers or os.cpu_count() or 1
         report = extract_corpus(
-            settings, as_source(source), mend_url(out_dir), op_list, local_workers, shard_size, quiet
+            settings, as_source(source), mend_url(out_dir), op_list, local_workers, shard_size, quiet, quality
         )
     except (RunError, RunMetricsPortError) as exc:
         fail(str(exc))
@@ -454,7 +491,10 @@ def demo(
     out_dir = folder / "out"
     out.print(f"demo corpus: {data_dir} (Kaldi data dir: wav.scp, utt2spk, text)")
     out.print(f"stand-in models (tiny, meaningless weights): {folder / 'models'}")
-    settings = settings.model_copy(update={"model_dir": folder / "models", "broker_url": None})
+    # The demo's clips are synthetic tones, not speech: the speech check would refuse every one.
+    update = {"model_dir": folder / "models", "broker_url": None, "speech_check": False}
+    settings = settings.model_copy(update=update)
+    out.print("speech check off: the demo's clips are synthetic tones (with it on they are no_speech)")
     try:
         report = extract_corpus(
             settings, data_dir, out_dir, ["tokenize", "embed"], workers or os.cpu_count() or 1, 4
@@ -492,10 +532,11 @@ def status(
 
     from workers.observe.status import collect_status
     from workers.observe.status_view import render_status
+    from workers.queue import connections
 
     settings = load_settings()
-    url = require_broker(settings)
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    require_broker(settings)
+    client = connections.broker_client(settings, socket_connect_timeout=5, socket_timeout=5)
     try:
         report = collect_status(client)
     except redis.RedisError as exc:

@@ -557,9 +557,15 @@ def broker_checks(settings: Settings, timeout_s: float = 3.0) -> list[Check]:
             )
         ]
     parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        return [warning("broker", f"{shown}: not checked (doctor reaches redis:// and rediss:// only)", "")]
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    if parts.scheme not in ("redis", "rediss", "unix", "sentinel"):
+        return [
+            warning(
+                "broker", f"{shown}: not checked (doctor reaches redis://, rediss:// and sentinel://)", ""
+            )
+        ]
+    from workers.queue import connections
+
+    client = connections.broker_client(settings, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
     try:
         try:
             client.ping()

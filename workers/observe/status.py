@@ -13,6 +13,7 @@ from pipeline.records import ROLES
 from workers import keys
 from workers.keys import QUEUES
 from workers.observe.run_metrics import runs_in_progress
+from workers.queue.delivery import queues_without_consumer
 from workers.reload import generations
 
 STATUS_VERSION = 1
@@ -84,10 +85,12 @@ def model_status(client: redis.Redis, workers: list[dict[str, Any]]) -> dict[str
 def collect_status(client: redis.Redis) -> dict[str, Any]:
     """The whole picture as one JSON-ready dict (the shape `voxmill status --json` prints)."""
     workers = worker_records(client)
+    queues = {queue: int(client.llen(queue)) for queue in QUEUES}
     return {
         "version": STATUS_VERSION,
         "time": time.time(),
-        "queues": {queue: int(client.llen(queue)) for queue in QUEUES},
+        "queues": queues,
+        "queues_without_consumer": queues_without_consumer(queues, workers),
         "workers": workers,
         "models": model_status(client, workers),
         "runs": runs_in_progress(client),

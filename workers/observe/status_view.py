@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from workers.queue.delivery import start_command
+
 SHA_SHOWN = 12
 INDENT = "    "
 
@@ -25,9 +27,12 @@ def render_status(report: dict[str, Any], console: Console) -> None:
     """The broker, queue depths, each worker process, each role's models, corpus runs, throughput."""
     now = time.time()
     console.print(f"broker: {escape(str(report.get('broker')))}")
+    unserved = set(report.get("queues_without_consumer", []))
     console.print(
         "queues: " + ", ".join(f"{name} {depth} waiting" for name, depth in report["queues"].items())
     )
+    for name in sorted(unserved):
+        console.print(f"  [red]{name}: no worker consumes it[/red]; start one: {escape(start_command(name))}")
     throughput = report["throughput"]
     console.print(
         f"\n[bold]workers[/bold]: {len(report['workers'])} process(es), "
