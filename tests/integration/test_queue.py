@@ -212,6 +212,10 @@ def test_submit_command_prints_contract_json_and_exit_codes(worker, settings, au
     assert mixed.returncode == 1
     rows = [json.loads(line) for line in mixed.stdout.splitlines()]
     assert sorted(r["error"]["code"] if r["error"] else "ok" for r in rows) == ["not_found", "ok"]
+    # A relative path comes back as typed (the worker reads its absolute form).
+    relative = voxmill("submit", "embed", "chirp_3s.wav", "--json", env=env, cwd=audio_dir)
+    assert relative.returncode == 0, relative.stderr
+    assert json.loads(relative.stdout)["input"] == "chirp_3s.wav"
 
 
 def test_submit_without_broker_says_what_to_set() -> None:

@@ -27,6 +27,7 @@ Every job is answered once (`workers.queue.delivery` decides, this module looks 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -44,6 +45,7 @@ from kombu.exceptions import OperationalError
 from pipeline.errors import MODEL_ERROR
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
+from pipeline.storage import is_url, mend_url
 from workers import keys, tuning
 from workers.queue import connections
 from workers.queue.app import TASK_NAMES, create_app
@@ -248,7 +250,8 @@ class Client:
             max_age_s = 0.0
 
     def submit(self, op: str, audio: str | Path | bytes, name: str | None = None) -> Job:
-        """Queue one input: a path (sent as its absolute path; workers read it) or raw bytes.
+        """Queue one input: a path (sent as its absolute path; workers read it), a URL (s3://...) or
+        raw bytes. Its result's `input` is `name`, else the path or URL as given.
 
         `NoConsumer` when no live worker consumes the op's queue (nothing is sent then)."""
         if op not in TASK_NAMES:
@@ -259,7 +262,8 @@ class Client:
             serializer = "msgpack"
         else:
             label = name or str(audio)
-            payload = {"path": str(Path(audio).absolute())}
+            where = mend_url(audio)  # a URL given as a Path (`s3:/bucket/x.wav`) is a URL again
+            payload = {"path": where if is_url(where) else str(Path(where).absolute())}
             serializer = "json"
         if self.check_consumers:
             self.require_consumer(op)
@@ -441,6 +445,6 @@ class Client:
     def _result_of(job: Job, meta: dict[str, Any]) -> TaskResult:
         value = meta.get("result")
         if meta.get("status") == "SUCCESS" and isinstance(value, dict):
-            return TaskResult.from_dict(value)
+            return dataclasses.replace(TaskResult.from_dict(value), input=job.label)  # as the user gave it
         message = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else str(value)
         return TaskResult(input=job.label, op=job.op, error={"code": "internal", "message": message})
