@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from pipeline.settings import Settings
-from workers.reload.validation import Validator, verdict_from
+from workers.reload.validation import Validator, start_method, verdict_from
 
 
 def test_a_verdict_is_taken_as_sent() -> None:
@@ -40,3 +42,19 @@ def test_validator_rejects_a_candidate_that_takes_too_long(tiny_models: Path) ->
     validator = Validator(Settings(provider="cpu", watch_validate_timeout_s=0.001))
     verdict = validator.validate(tiny_models / "speech_tokenizer_v2.onnx", "tokenizer")
     assert not verdict.ok and "did not finish within" in verdict.reason
+
+
+def test_a_deep_temporary_folder_validates_by_spawning(
+    tiny_models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forkserver's Unix socket lives in TMPDIR; under a deep one (a private folder in a test's
+    temporary tree, say) it cannot be made, and every validation failed and was tried again forever."""
+    import tempfile
+
+    assert start_method("/tmp") == "forkserver"
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    assert start_method(str(deep)) == "spawn"
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    verdict = Validator(Settings(provider="cpu")).validate(tiny_models / "campplus.onnx", "embedder")
+    assert verdict.ok, verdict.reason

@@ -9,12 +9,16 @@ the watcher.
 Children are forked from a multiprocessing *forkserver* that imported ONNX Runtime, numpy and
 the feature code (with scipy's FFT and sparse kernels) once: a validation costs the model's own
 load and warm-up (~0.1 s for the tiny stand-ins), not ~1.5 s of Python imports on every
-candidate. The forkserver itself never builds a session, so each child starts clean.
+candidate. The forkserver itself never builds a session, so each child starts clean. Its Unix
+socket lives in the temporary folder: where that path is too long for a socket (a deep
+`TMPDIR`), children are spawned instead, paying the imports.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
@@ -78,15 +82,28 @@ def _child(path: str, role: str, settings: Settings, sender: Connection) -> None
     sender.close()
 
 
+# A Unix socket's path holds at most 107 bytes; the forkserver's is TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX.
+SOCKET_PATH_MAX = 107
+FORKSERVER_SOCKET_SUFFIX = len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+
+
+def start_method(temp_dir: str) -> str:
+    """`forkserver`, unless its socket's path under `temp_dir` would be too long: `spawn`."""
+    fits = len(os.fsencode(temp_dir)) + FORKSERVER_SOCKET_SUFFIX <= SOCKET_PATH_MAX
+    return "forkserver" if fits else "spawn"
+
+
 class Validator:
     """Validates candidate files, each in a fresh child process, within `watch_validate_timeout_s`."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.context = multiprocessing.get_context("forkserver")
-        from pipeline.inference import SERVING_IMPORTS
+        method = start_method(tempfile.gettempdir())
+        self.context = multiprocessing.get_context(method)
+        if method == "forkserver":
+            from pipeline.inference import SERVING_IMPORTS
 
-        self.context.set_forkserver_preload(list(SERVING_IMPORTS))
+            self.context.set_forkserver_preload(list(SERVING_IMPORTS))
 
     def validate(self, path: Path, role: str) -> Validation:
         """Load, check and warm up `path` as a `role` model in a child process."""
