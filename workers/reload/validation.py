@@ -99,7 +99,7 @@ class Validator:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         method = start_method(tempfile.gettempdir())
-        self.context = multiprocessing.get_context(method)
+        self.context: Any = multiprocessing.get_context(method)
         if method == "forkserver":
             from pipeline.inference import SERVING_IMPORTS
 
