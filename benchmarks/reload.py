@@ -216,6 +216,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         provider="cpu",
         watch_quiet_s=args.quiet_s,
         reload_slots=args.reload_slots,
+        **({} if args.aside_min_mb is None else {"reload_aside_min_mb": args.aside_min_mb}),
         model_cache_dir=work / "ort-cache",  # empty at start; shared by the watcher and the workers
     )
     rclient = redis.Redis.from_url(server.url)
@@ -272,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-s", type=float, default=1.0, help="seconds of load before measuring")
     parser.add_argument("--quiet-s", type=float, default=1.0, help="the watcher's watch_quiet_s")
     parser.add_argument("--reload-slots", type=int, default=0, help="reload_slots (0: half the workers)")
+    parser.add_argument(
+        "--aside-min-mb", type=float, default=None, help="reload_aside_min_mb (a huge value: never aside)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="result JSON (default results/reload-PROFILE)")
     parser.add_argument("--keep", type=Path, default=None, help="work folder to keep (models, logs)")
     args = parser.parse_args(argv)
