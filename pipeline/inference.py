@@ -37,8 +37,9 @@ OVERLAP_S = 4
 WARMUP_SECONDS = 3.0
 # What serving imports lazily. A process that forks serving processes (a prefork worker, the
 # watcher's validator) imports them first, once: importing builds no session and starts no
-# thread, so it is fork-safe, and each forked process is spared about 0.5 s of CPU.
-SERVING_IMPORTS = ("onnxruntime", "pipeline.inference")
+# thread, so it is fork-safe, and each forked process is spared about 0.5 s of CPU (scipy's FFT
+# and sparse modules, which `pipeline.features` imports on first use, are 0.15-0.2 s of it).
+SERVING_IMPORTS = ("onnxruntime", "pipeline.inference", "scipy.fft", "scipy.sparse")
 FloatArray = npt.NDArray[np.float32]
 
 
