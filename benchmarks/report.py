@@ -116,11 +116,13 @@ def machine_line(data: dict[str, Any]) -> Lines:
 
 
 def measured_line(data: dict[str, Any]) -> Lines:
-    bench, machine = data.get("bench", {}), data["machine"]
+    bench, machine = data.get("bench", {}), data.get("machine")
+    if not machine:  # a result file that does not record where it was measured
+        return []
     before, after = bench.get("load_average_before"), bench.get("load_average_after")
     load = f", load average {before[0]} → {after[0]}" if before and after else ""
     commit = (machine.get("commit") or "?")[:10] + (" + local changes" if machine.get("dirty") else "")
-    return [f"_Measured {machine['time']}{load}; {bench.get('seconds', '?')} s; commit `{commit}`._", ""]
+    return [f"_Measured {machine.get('time', '?')}{load}; {bench.get('seconds', '?')} s; commit `{commit}`._", ""]
 
 
 # --------------------------------------------------------------------------- targets
@@ -406,6 +408,62 @@ def core_section(data: dict[str, Any]) -> Lines:
     ]
 
 
+def corpus_scale_section(data: dict[str, Any]) -> Lines:
+    rows = [
+        [
+            f"{run['utterances']:,}",
+            secs(run["first_shard_submitted_s"]),
+            fmt(run["driver_peak_rss_mb"], 0, " MB"),
+            secs(run["merge_s"]),
+            fmt(run["merge_peak_rss_mb"], 0, " MB"),
+            secs(run["resume_s"]),
+            f"{fmt(run['audio_s_per_s'], 0)} / {fmt(run['plain_loop_audio_s_per_s'], 0)}",
+            fmt(run["ratio_to_plain_loop"], 2),
+        ]
+        for run in data["runs"]
+    ]
+    header = ["utterances", "first shard", "driver RSS", "merge", "merge RSS", "resume"]
+    return [
+        "## Corpus scale",
+        "",
+        f"`python -m benchmarks.corpus_scale`: a Kaldi dir of N utterances over {data['distinct_clips']} "
+        f"distinct short clips, ops {data['ops']}, {data['workers']} local workers, tiny stand-ins; the "
+        "plain loop is 2 processes over the same clips, in the same run.",
+        "",
+        *table([*header, "audio s/s: voxmill / plain loop", "ratio"], rows),
+    ]
+
+
+def storage_section(data: dict[str, Any]) -> Lines:
+    rows = [
+        [name, fmt(v["audio_s_per_s_median"], 0), fmt(v["ratio_to_local"], 3)]
+        for name, v in data["variants"].items()
+    ]
+    return [
+        "## Storage",
+        "",
+        f"`python -m benchmarks.storage`: {data['clips']} clips ({fmt(data['audio_seconds'], 0)} s of audio), "
+        f"{data['workers']} workers, {data['models']}; local files, local tar shards, and a loopback S3 "
+        "server (moto) for the input (`s3-in`) or the input and the outputs (`s3`).",
+        "",
+        *table(["variant", "audio s/s", "ratio to local files"], rows),
+    ]
+
+
+def speech_check_section(data: dict[str, Any]) -> Lines:
+    clip = data["per_clip"]
+    rows = [[op, fmt(clip[op]["ms_per_audio_s"], 3)] for op in ("speech", "embed", "tokenize")]
+    return [
+        f"## Speech check ({data['profile']} models)",
+        "",
+        f"`python -m benchmarks.speech_check`: {data['corpus']['clips']} clips, "
+        f"{fmt(data['corpus']['audio_s'], 0)} s; the detector against each op, per clip, in-process. "
+        f"Speech check / embed: {pct(clip['speech_vs_embed'])}; / tokenize: {pct(clip['speech_vs_tokenize'])}.",
+        "",
+        *table(["stage", "ms per audio second"], rows),
+    ]
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], Lines]]] = [
     ("limit-vs-voxmill", main_section),
     ("scaling", scaling_section),
@@ -414,6 +472,9 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], Lines]]] = [
     ("queue-overhead", queue_section),
     ("corpus-throughput", throughput_section),
     ("core", core_section),
+    ("corpus-scale", corpus_scale_section),
+    ("storage", storage_section),
+    ("speech-check-full", speech_check_section),
 ]
 
 
