@@ -122,7 +122,8 @@ def measured_line(data: dict[str, Any]) -> Lines:
     before, after = bench.get("load_average_before"), bench.get("load_average_after")
     load = f", load average {before[0]} → {after[0]}" if before and after else ""
     commit = (machine.get("commit") or "?")[:10] + (" + local changes" if machine.get("dirty") else "")
-    return [f"_Measured {machine.get('time', '?')}{load}; {bench.get('seconds', '?')} s; commit `{commit}`._", ""]
+    seconds = bench.get("seconds", "?")
+    return [f"_Measured {machine.get('time', '?')}{load}; {seconds} s; commit `{commit}`._", ""]
 
 
 # --------------------------------------------------------------------------- targets
@@ -442,7 +443,8 @@ def storage_section(data: dict[str, Any]) -> Lines:
     return [
         "## Storage",
         "",
-        f"`python -m benchmarks.storage`: {data['clips']} clips ({fmt(data['audio_seconds'], 0)} s of audio), "
+        f"`python -m benchmarks.storage`: {data['clips']} clips "
+        f"({fmt(data['audio_seconds'], 0)} s of audio), "
         f"{data['workers']} workers, {data['models']}; local files, local tar shards, and a loopback S3 "
         "server (moto) for the input (`s3-in`) or the input and the outputs (`s3`).",
         "",
@@ -458,7 +460,8 @@ def speech_check_section(data: dict[str, Any]) -> Lines:
         "",
         f"`python -m benchmarks.speech_check`: {data['corpus']['clips']} clips, "
         f"{fmt(data['corpus']['audio_s'], 0)} s; the detector against each op, per clip, in-process. "
-        f"Speech check / embed: {pct(clip['speech_vs_embed'])}; / tokenize: {pct(clip['speech_vs_tokenize'])}.",
+        f"Speech check / embed: {pct(clip['speech_vs_embed'])}; "
+        f"/ tokenize: {pct(clip['speech_vs_tokenize'])}.",
         "",
         *table(["stage", "ms per audio second"], rows),
     ]
