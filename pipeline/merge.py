@@ -182,11 +182,14 @@ class _Tally:
     model_votes: dict[str, dict[str, int]] = field(default_factory=dict)
     histograms: _StatHistograms = field(default_factory=_StatHistograms)
 
-    def add(self, op: str, table: pa.Table, ok: int) -> None:
-        """One op's shard file, of which `ok` rows go into the outputs (the rest failed or were filtered)."""
+    def add(self, op: str, rows: int, ok: int) -> None:
+        """One op of a shard: `ok` of its `rows` go into the outputs (the rest failed or were filtered)."""
         counts = self.counts.setdefault(op, {"ok": 0, "failed": 0})
         counts["ok"] += ok
-        counts["failed"] += table.num_rows - ok
+        counts["failed"] += rows - ok
+
+    def vote(self, table: pa.Table) -> None:
+        """The models a shard file names, once per file."""
         for role, ref in shard_models(table).items():
             key = json.dumps(ref, sort_keys=True)
             votes = self.model_votes.setdefault(role, {})
@@ -286,8 +289,12 @@ def merge_outputs(
     report_extra: dict[str, Any],
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     quality: QualityFilter | None = None,
+    ops: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Merge the shard files of `specs` (the plan's, in shard order) into the outputs; the report.
+
+    `ops`: what the run was asked for, when its tasks ran them together: an `extract` shard file
+    then counts, and lists its failures, for each of them (`tokenize` and `embed`).
 
     Writes `speech_tokens.parquet` (ops tokenize/extract), `utt_embeddings.parquet` and
     `spk_embeddings.parquet` (ops embed/extract), `utt_stats.parquet`, `errors.jsonl` and, last,
@@ -302,8 +309,8 @@ def merge_outputs(
     with contextlib.ExitStack() as stack:
         outputs = _Outputs(out, stack, buffer_rows)
         for shard_specs in _by_shard(specs):
-            outputs.open_for([spec.op for spec in shard_specs])
-            _merge_shard(out, shard_specs, tally, outputs, quality)
+            outputs.open_for([op for spec in shard_specs for op in _reported(spec.op, ops)])
+            _merge_shard(out, shard_specs, tally, outputs, quality, ops)
         outputs.open_for(tally.ops)
         provenance = tally.provenance()
         outputs.close(provenance)
@@ -336,8 +343,18 @@ def _op_rank(spec: ShardSpec) -> int:
     return OPS.index(spec.op) if spec.op in OPS else len(OPS)
 
 
+def _reported(op: str, asked: Sequence[str] | None) -> list[str]:
+    """The ops a shard file of `op` stands for in the report: an `extract` task run for `asked`."""
+    return list(asked) if op == "extract" and asked and "extract" not in asked else [op]
+
+
 def _merge_shard(
-    out: OutputLocation, specs: list[ShardSpec], tally: _Tally, outputs: _Outputs, quality: QualityFilter
+    out: OutputLocation,
+    specs: list[ShardSpec],
+    tally: _Tally,
+    outputs: _Outputs,
+    quality: QualityFilter,
+    asked: Sequence[str] | None = None,
 ) -> None:
     """Fold one shard (every op's file of it) into the outputs."""
     tables = [(spec, out.ref(shard_file_name(spec.op, spec.shard))) for spec in specs]
@@ -353,18 +370,20 @@ def _merge_shard(
     kept = pa.array([reason is None for reason in reasons], type=pa.bool_())
     failures: list[list[dict[str, str]]] = [[] for _ in utts]
     for spec, _, table in read:
-        if spec.op not in tally.ops:
-            tally.ops.append(spec.op)
+        tally.vote(table)
         codes = table.column("error_code")
         messages = table.column("error_message").to_pylist() if codes.null_count < len(codes) else []
-        for index, code in enumerate(codes.to_pylist()):
-            if code is not None:
-                failures[index].append(_failure(utts[index], spec.op, code, messages[index] or ""))
-            elif reasons[index] is not None:
-                failures[index].append(_failure(utts[index], spec.op, FILTERED, str(reasons[index])))
         ok = table.filter(pc.and_(pc.is_null(codes), kept))
-        tally.add(spec.op, table, ok.num_rows)
-        outputs.add(spec.op, ok)
+        for op in _reported(spec.op, asked):
+            if op not in tally.ops:
+                tally.ops.append(op)
+            for index, code in enumerate(codes.to_pylist()):
+                if code is not None:
+                    failures[index].append(_failure(utts[index], op, code, messages[index] or ""))
+                elif reasons[index] is not None:
+                    failures[index].append(_failure(utts[index], op, FILTERED, str(reasons[index])))
+            tally.add(op, table.num_rows, ok.num_rows)
+            outputs.add(op, ok)
     tally.utterances += len(utts)
     tally.filtered += sum(any(f["code"] == FILTERED for f in found) for found in failures)
     audio = [_first_seconds(index, read) for index in range(len(utts))]

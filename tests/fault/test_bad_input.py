@@ -790,7 +790,7 @@ def test_a_corpus_shard_mixing_bad_and_good_files(run: Run) -> None:
     from workers.corpus.plan import PlanReader
 
     shards = list(PlanReader(run.corpus_out).specs())
-    assert len(shards) == 2  # one shard per op holds every file, bad and good
+    assert len(shards) == 1  # one shard holds every file, bad and good (both ops: one extract task)
     assert {u.utt for u in shards[0].utts} >= set(GOOD_UTTS) | {"fifo", "two_gb", "missing"}
     outcomes = corpus_outcomes(run.corpus_out)
     expected = {(utt, op): OK for utt in GOOD_UTTS for op in ("tokenize", "embed")}

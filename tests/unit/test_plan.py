@@ -89,3 +89,33 @@ def test_planning_streams_and_a_late_listing_problem_ends_it(tmp_path: Path) -> 
     )
     assert planner.planned > 0  # the shards before it were planned (and could have run) meanwhile
     assert not (out / "plan" / "complete.json").exists()
+
+
+def test_both_ops_run_as_one_extract_task_only_where_every_worker_serves_it() -> None:
+    from workers.corpus.plan import task_ops
+    from workers.corpus.run import all_serve_extract
+
+    assert task_ops(["tokenize", "embed"], True) == ["extract"]
+    assert task_ops(["tokenize", "embed"], False) == ["tokenize", "embed"]
+    assert task_ops(["embed"], True) == ["embed"]
+    both = {"queues": ["tokenize", "embed", "extract"]}
+    assert all_serve_extract([both, both])
+    assert not all_serve_extract([both, {"queues": ["tokenize"]}])  # a GPU tokenize-only worker
+    assert not all_serve_extract([])
+
+
+def test_a_plan_made_with_separate_tasks_resumes_with_them(tmp_path: Path) -> None:
+    source = manifest(tmp_path, 10)
+    out = tmp_path / "out"
+    settings = Settings()
+    old = plan_for(source, out, ["tokenize", "embed"], 4, settings, None)
+    assert "tasks" not in json.loads((out / "plan" / "header.json").read_text())  # as before
+    resumed = Planner(source, out, ["tokenize", "embed"], 4, settings, None, ["extract"])
+    assert resumed.ops == ["tokenize", "embed"] and resumed.requested_ops == old.requested_ops
+    fresh = plan_for(source, tmp_path / "fresh", ["tokenize", "embed"], 4, settings, None)
+    one = Planner(source, tmp_path / "one", ["tokenize", "embed"], 4, settings, None, ["extract"]).start()
+    one.join()
+    assert [s.op for s in PlanReader(tmp_path / "one").specs()] == ["extract"] * 3
+    assert len(list(PlanReader(tmp_path / "fresh").specs())) == 6 and fresh.ops == ["tokenize", "embed"]
+    with pytest.raises(RunError, match="different"):
+        Planner(source, tmp_path / "one", ["embed"], 4, settings, None)

@@ -357,3 +357,34 @@ def test_merge_of_a_run_whose_every_utterance_failed_writes_empty_outputs(tmp_pa
     report = merge_outputs(tmp_path, [spec], {})
     assert report["ops"]["embed"] == {"ok": 0, "failed": 1}
     assert pq.read_table(tmp_path / "spk_embeddings.parquet").num_rows == 0
+
+
+def test_an_extract_shard_run_for_both_ops_merges_as_the_two_ops_would(tmp_path: Path) -> None:
+    """Both ops asked, one `extract` task per shard (each clip decoded once): the same outputs,
+    the same per-op counts and failure rows as a tokenize task and an embed task per shard."""
+    shards = [[_utt("a", "s1"), _utt("e", "s2")], [_utt("b", "s1"), _utt("d", "s2")]]
+
+    def run(folder: Path, ops: tuple[str, ...]) -> list[ShardSpec]:
+        specs = []
+        for shard, utts in enumerate(shards):
+            for op in ops:
+                spec = ShardSpec(shard=shard, op=op, out_dir=str(folder), utts=utts)
+                write_shard(
+                    folder, spec, [_failed(op, u.utt) if u.utt == "e" else _ok(op, u.utt) for u in utts]
+                )
+                specs.append(spec)
+        return specs
+
+    two, one = tmp_path / "two", tmp_path / "one"
+    two.mkdir(), one.mkdir()
+    apart = merge_outputs(two, run(two, ("tokenize", "embed")), {})
+    together = merge_outputs(one, run(one, ("extract",)), {}, ops=["tokenize", "embed"])
+    assert (
+        together["ops"]
+        == apart["ops"]
+        == {"tokenize": {"ok": 3, "failed": 1}, "embed": {"ok": 3, "failed": 1}}
+    )
+    for name in ("speech_tokens.parquet", "utt_embeddings.parquet", "spk_embeddings.parquet"):
+        assert pq.read_table(one / name).equals(pq.read_table(two / name)), name
+    assert (one / "errors.jsonl").read_text() == (two / "errors.jsonl").read_text()
+    assert together["models"] == apart["models"] and "models_mixed" not in together

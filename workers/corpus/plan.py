@@ -4,7 +4,8 @@
 prefix in an object store, `s3://bucket/run/`: each file is then one object, one PUT; see
 `pipeline.storage.OutputLocation`):
 
-- `header.json`: the input, the ops, the shard size asked for and the one used, the run's name;
+- `header.json`: the input, the ops, the shard size asked for and the one used, the run's name,
+  and the ops its tasks run when not those (`tasks`: both ops as one `extract` task, `task_ops`);
 - `chunk-NNNNNN.parquet`: the utterances of `SHARDS_PER_CHUNK` consecutive shards (shard, utt,
   path, spk, text, listed duration) and, in its metadata, each shard's digest;
 - `complete.json`: written once the whole listing was read without a problem: the counts and the
@@ -91,10 +92,15 @@ class PlanHeader:
     shard_size: int
     run: str
     unit: str = UNIT_UTTERANCE  # what a shard is made of: utterances, or one tar
+    tasks: list[str] | None = None  # the ops the shard tasks run, when not `ops` (`task_ops`)
 
     @property
     def tars(self) -> bool:
         return self.unit == UNIT_TAR
+
+    @property
+    def task_ops(self) -> list[str]:
+        return self.tasks or self.ops
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -107,6 +113,8 @@ class PlanHeader:
         }
         if self.tars:  # an utterance plan's header (and fingerprint) is what it always was
             data["unit"] = self.unit
+        if self.tasks and self.tasks != self.ops:
+            data["tasks"] = self.tasks
         return data
 
     @classmethod
@@ -118,7 +126,15 @@ class PlanHeader:
             int(data["shard_size"]),
             str(data["run"]),
             str(data.get("unit") or UNIT_UTTERANCE),
+            list(data["tasks"]) if data.get("tasks") else None,
         )
+
+
+def task_ops(ops: Sequence[str], workers_serve_extract: bool) -> list[str]:
+    """The ops a run's shard tasks run: tokenize and embed together as one `extract` task (each
+    clip decoded once, not twice) when every worker that would take them serves `extract`."""
+    both = sorted(ops) == ["embed", "tokenize"]
+    return ["extract"] if both and workers_serve_extract else list(ops)
 
 
 def lock_output(out_dir: Path | str, state_dir: Path | None = None) -> IO[str] | StoreLock:
@@ -279,6 +295,7 @@ class Planner:
         shard_size: int,
         settings: Settings,
         workers: int | None,
+        tasks: Sequence[str] | None = None,
     ) -> None:
         requested = shard_size or settings.shard_size
         check_ops(ops, requested)
@@ -287,7 +304,8 @@ class Planner:
         self.out = output_location(out_dir)
         self.plan = self.out.child(PLAN_DIR)
         self.folder = self.plan.display()
-        self.ops = list(ops)
+        self.requested_ops = list(ops)  # what the run is asked for: the report's ops, the resume check
+        self.ops = list(tasks or ops)  # what its shard tasks run (a resume: what the plan says)
         self.requested = requested
         self.fixed_size = shard_size
         self.workers = workers
@@ -311,8 +329,9 @@ class Planner:
         if not self.plan.exists(HEADER_FILE):
             return None
         header = PlanHeader.from_dict(json.loads(self.plan.read_bytes(HEADER_FILE)))
-        if header.ops != self.ops or header.requested_shard_size != self.requested:
+        if header.ops != self.requested_ops or header.requested_shard_size != self.requested:
             raise different_run(self.out_dir)
+        self.ops = header.task_ops
         return header
 
     def start(self) -> Planner:
@@ -392,11 +411,12 @@ class Planner:
                 size = auto_shard_size(len(self._buffered), self.workers, self.requested, SHARDS_PER_WORKER)
         header = PlanHeader(
             str(self.source),
-            self.ops,
+            self.requested_ops,
             self.requested,
             size,
-            run_id(self.out_dir, self.source, self.ops, self.requested),
+            run_id(self.out_dir, self.source, self.requested_ops, self.requested),
             UNIT_TAR if tars else UNIT_UTTERANCE,
+            self.ops,
         )
         from pipeline.writers import write_text_at
 
@@ -548,7 +568,7 @@ class PlanReader:
         header = self.header()
         out = location_name(self.out_dir)
         for shard, utts in self.shards():
-            for op in header.ops:
+            for op in header.task_ops:
                 if header.tars:
                     yield ShardSpec(shard=shard, op=op, out_dir=out, run=header.run, tar=utts[0].path)
                 else:

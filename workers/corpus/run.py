@@ -26,7 +26,7 @@ from pipeline.settings import Settings
 from pipeline.storage import mend_url, output_location
 from pipeline.writers import REPORT_FILE
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
-from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, run_state_folder
+from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, run_state_folder, task_ops
 
 
 def extract_corpus(
@@ -65,7 +65,9 @@ def extract_corpus(
             if not quiet:
                 print(f"extract: starting {workers} local worker(s) on an embedded Redis", flush=True)
         try:
-            planner = Planner(source, out_dir, ops, shard_size, settings, _workers(cluster, workers)).start()
+            ready, one_task = _workers(cluster, workers)
+            tasks = task_ops(ops, one_task)
+            planner = Planner(source, out_dir, ops, shard_size, settings, ready, tasks).start()
             extra = {"input": str(source)}
             return run_corpus(cluster, planner, out_dir, quiet, extra, started, quality)
         finally:
@@ -76,22 +78,32 @@ def extract_corpus(
         lock.close()
 
 
-def _workers(cluster: Cluster, local: int) -> int | None:
-    """How many worker processes the shards are cut for: the local ones, or those ready now."""
+def _workers(cluster: Cluster, local: int) -> tuple[int | None, bool]:
+    """How many worker processes the shards are cut for (the local ones, or those ready now), and
+    whether every one of them serves `extract` (then both ops run as one task per shard)."""
     if isinstance(cluster, EmbeddedCluster):
-        return local
+        return local, True  # its workers hold both models when both ops are asked
     import redis
 
+    from workers.observe.status import worker_records
     from workers.queue import connections
 
     try:
         client = connections.broker_client(cluster.settings, socket_timeout=5, socket_connect_timeout=5)
         try:
-            return cluster.ready_workers(client) or None
+            return cluster.ready_workers(client) or None, all_serve_extract(worker_records(client))
         finally:
             client.close()
     except redis.RedisError:
-        return None
+        return None, False
+
+
+def all_serve_extract(records: Sequence[dict[str, Any]]) -> bool:
+    """Every live worker that takes tokenize or embed jobs also takes `extract` ones (and there is
+    one): a run may then give each shard to one worker for both ops."""
+    served = [set(record.get("queues") or ()) for record in records]
+    takers = [queues for queues in served if queues & {"tokenize", "embed"}]
+    return bool(takers) and all("extract" in queues for queues in takers)
 
 
 def run_corpus(
@@ -132,7 +144,8 @@ def run_corpus(
     extra["plan_fingerprint"] = planner.fingerprint
     buffer_rows = cluster.settings.merge_buffer_rows
     try:
-        return merge_outputs(out_dir, PlanReader(out_dir).specs(), extra, buffer_rows, quality)
+        reader = PlanReader(out_dir)
+        return merge_outputs(out_dir, reader.specs(), extra, buffer_rows, quality, reader.header().ops)
     except VoxmillError as exc:
         raise RunError(exc.message) from None
 
