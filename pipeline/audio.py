@@ -110,13 +110,34 @@ class Segment:
     channel: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Opened:
-    """An open source: the stream to decode, a name for messages and, for paths, the path."""
+    """An open source: the stream to decode, a name for messages and, for paths, the path.
+
+    `sound`: libsndfile's handle, opened once for the header and kept for the decode.
+    """
 
     stream: BinaryIO
     name: str
     path: Path | None
+    sound: sf.SoundFile | None = None
+
+    def soundfile(self) -> sf.SoundFile:
+        """libsndfile's handle on the stream (sf.SoundFileError or RuntimeError when it refuses it)."""
+        if self.sound is None:
+            self.stream.seek(0)
+            if self.path is None:
+                self.sound = sf.SoundFile(self.stream)
+            else:  # a regular file: libsndfile reads its descriptor itself, not through Python calls
+                fd = self.stream.fileno()
+                os.lseek(fd, 0, os.SEEK_SET)
+                self.sound = sf.SoundFile(fd, closefd=False)
+        return self.sound
+
+    def close(self) -> None:
+        if self.sound is not None:
+            self.sound.close()
+            self.sound = None
 
 
 # --------------------------------------------------------------------------- public API
@@ -210,6 +231,15 @@ def check_samples(samples: FloatArray, limits: AudioLimits) -> None:
 @contextmanager
 def _open_source(source: Source, limits: AudioLimits) -> Iterator[_Opened]:
     """Yield a seekable stream over a checked path or payload; closes what it opened."""
+    with _open_stream(source, limits) as opened:
+        try:
+            yield opened
+        finally:
+            opened.close()
+
+
+@contextmanager
+def _open_stream(source: Source, limits: AudioLimits) -> Iterator[_Opened]:
     if isinstance(source, bytes | bytearray):
         _check_payload(bytes(source), limits)
         yield _Opened(io.BytesIO(source), _PAYLOAD_NAME, None)
@@ -313,9 +343,8 @@ def _probe(opened: _Opened, limits: AudioLimits) -> AudioInfo:
 
 def _probe_header(opened: _Opened) -> AudioInfo:
     """Header of the stream via libsndfile; for paths, audioread when libsndfile refuses it."""
-    opened.stream.seek(0)
     try:
-        info = sf.info(opened.stream)
+        sound = opened.soundfile()
     except (sf.SoundFileError, RuntimeError) as exc:
         reason = _decoder_reason(exc)
         if opened.path is not None:
@@ -325,12 +354,12 @@ def _probe_header(opened: _Opened) -> AudioInfo:
             reason = f"{reason}; {fallback}"
         raise VoxmillError(UNREADABLE, _unrecognised_message(opened, reason)) from exc
     return AudioInfo(
-        sample_rate_hz=int(info.samplerate),
-        channels=int(info.channels),
-        frames=int(info.frames),
-        duration_s=int(info.frames) / info.samplerate if info.samplerate > 0 else 0.0,
-        format=str(info.format),
-        subtype=str(info.subtype),
+        sample_rate_hz=int(sound.samplerate),
+        channels=int(sound.channels),
+        frames=int(sound.frames),
+        duration_s=int(sound.frames) / sound.samplerate if sound.samplerate > 0 else 0.0,
+        format=str(sound.format),
+        subtype=str(sound.subtype),
     )
 
 
@@ -444,14 +473,10 @@ def _decode_segment(opened: _Opened, limits: AudioLimits, segment: Segment) -> t
 
 def _decode_with_soundfile(opened: _Opened, cap: int, first: int = 0) -> FloatArray:
     """Up to `cap` frames as float32 [frames, channels]; decoder errors become `unreadable`."""
-    opened.stream.seek(0)
     try:
-        if first:  # a segment: seek to it, never decode what comes before
-            with sf.SoundFile(opened.stream) as file:
-                file.seek(first)
-                data = file.read(frames=cap, dtype="float32", always_2d=True)
-        else:
-            data, _ = sf.read(opened.stream, frames=cap, dtype="float32", always_2d=True)
+        sound = opened.soundfile()  # the handle the header was read with
+        sound.seek(first)  # a segment: never decode what comes before it
+        data = sound.read(frames=cap, dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError) as exc:
         raise VoxmillError(
             UNREADABLE, f"{opened.name} could not be decoded ({_decoder_reason(exc)})"

@@ -71,6 +71,23 @@ def refused(source: str | Path | bytes, code: str, limits: AudioLimits = LIMITS)
     return info.value
 
 
+def fake_header(monkeypatch: pytest.MonkeyPatch, frames: int) -> None:
+    """libsndfile's header of every clip opened from now on says `frames` (decoding reads the file)."""
+    real = audio_mod._Opened.soundfile
+
+    def soundfile(self: Any) -> Any:
+        sound = real(self)
+        fields = {name: getattr(sound, name) for name in ("samplerate", "channels", "format", "subtype")}
+        return SimpleNamespace(**fields, frames=frames, seek=sound.seek, read=sound.read)
+
+    monkeypatch.setattr(audio_mod._Opened, "soundfile", soundfile)
+
+
+def refuse_header(monkeypatch: pytest.MonkeyPatch, refuse: Any) -> None:
+    """Opening a clip with libsndfile calls `refuse` instead."""
+    monkeypatch.setattr(audio_mod._Opened, "soundfile", lambda self: refuse())
+
+
 def forbid_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every decoding entry point fail the test."""
 
@@ -292,7 +309,7 @@ def test_file_over_the_size_limit_is_refused_before_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write(tmp_path / "big.wav", sine(16000, 0.1), 16000)  # 3244 bytes
-    monkeypatch.setattr(sf, "info", lambda *a, **k: pytest.fail("the header was read"))
+    refuse_header(monkeypatch, lambda: pytest.fail("the header was read"))
     forbid_decoding(monkeypatch)
     error = refused(path, TOO_LARGE, AudioLimits(max_file_bytes=1024))
     assert error.message == "file is 3.2 KB; the limit is 1.0 KB"
@@ -383,9 +400,7 @@ def test_too_long_is_decided_from_the_header(tmp_path: Path, monkeypatch: pytest
 
 def test_too_long_message_in_hours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path / "s.wav", sine(16000, 0.2), 16000)
-    hours = 3 * 3600 * 16000
-    fake = SimpleNamespace(samplerate=16000, channels=1, frames=hours, format="WAV", subtype="PCM_16")
-    monkeypatch.setattr(sf, "info", lambda *a, **k: fake)
+    fake_header(monkeypatch, 3 * 3600 * 16000)
     forbid_decoding(monkeypatch)
     assert refused(path, TOO_LONG).message == "clip is 3 h 0 min; the limit is 10 min"
 
@@ -394,17 +409,16 @@ def test_header_that_understates_the_length_is_caught_while_decoding(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write(tmp_path / "s.wav", sine(16000, 2.0), 16000)
-    fake = SimpleNamespace(samplerate=16000, channels=1, frames=8000, format="WAV", subtype="PCM_16")
-    monkeypatch.setattr(sf, "info", lambda *a, **k: fake)
+    fake_header(monkeypatch, 8000)
     decoded: list[int] = []
-    real_read = sf.read
+    real_read = sf.SoundFile.read
 
     def counting_read(*args: Any, **kwargs: Any) -> Any:
-        data, rate = real_read(*args, **kwargs)
+        data = real_read(*args, **kwargs)
         decoded.append(len(data))
-        return data, rate
+        return data
 
-    monkeypatch.setattr(sf, "read", counting_read)
+    monkeypatch.setattr(sf.SoundFile, "read", counting_read)
     error = refused(path, TOO_LONG, AudioLimits(max_duration_s=1.0))
     assert "longer than its header says" in error.message
     assert decoded == [16001]  # decoding stopped one frame past the limit, not at 2 s
@@ -470,10 +484,10 @@ def test_audioread_fallback_for_paths(tmp_path: Path, monkeypatch: pytest.Monkey
     path = write(tmp_path / "s.wav", pcm, 16000, subtype="PCM_16")
     expected = load_audio(path, LIMITS)
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
+    def refuse() -> Any:
         raise sf.LibsndfileError(1, "Error opening: ")
 
-    monkeypatch.setattr(sf, "info", refuse)
+    refuse_header(monkeypatch, refuse)
     info = probe_audio(path, LIMITS)
     assert (info.format, info.sample_rate_hz, info.channels) == (AUDIOREAD_FORMAT, 16000, 2)
     assert info.frames == 3200
