@@ -154,7 +154,8 @@ class _StatHistograms:
             column = stats.column(name)
             values = np.asarray(column.drop_null() if column.null_count else column, dtype=np.float64)
             bins = np.clip(np.round((values - low) / width), 0, len(self.counts[name]) - 1).astype(np.int64)
-            self.counts[name] += np.bincount(bins, minlength=len(self.counts[name]))
+            found = np.bincount(bins)  # up to the largest bin only: not a 360k-bin array per shard
+            self.counts[name][: len(found)] += found
 
     def percentiles(self) -> dict[str, dict[str, float | int | None]]:
         out: dict[str, dict[str, float | int | None]] = {}

@@ -19,9 +19,11 @@ from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, VoxmillError
 from pipeline.storage import check_url, is_url
 
 
-def is_within(path: Path, root: Path) -> bool:
-    """True when `path` is `root` or lies below it, comparing the paths as given (no resolving)."""
-    return path == root or root in path.parents
+def is_within(path: Path | str, root: Path | str) -> bool:
+    """True when `path` is `root` or lies below it, comparing the normalised absolute paths as
+    given (no resolving); strings, not `Path.parents`, which builds a Path per level."""
+    inside, top = os.fspath(path), os.fspath(root)
+    return inside == top or inside.startswith(top.rstrip("/") + "/")
 
 
 def resolve_allowed_path(path: str | Path, roots: Sequence[Path], base: Path | None = None) -> Path:
@@ -35,9 +37,9 @@ def resolve_allowed_path(path: str | Path, roots: Sequence[Path], base: Path | N
         raise VoxmillError(BAD_REQUEST, f"path {text!r} contains a NUL byte")
     if not text:
         raise VoxmillError(BAD_REQUEST, "path is empty")
-    anchor = Path.cwd() if base is None else base
-    real = Path(os.path.realpath(anchor / text))
-    real_roots = [Path(os.path.realpath(root)) for root in roots]
+    anchor = os.getcwd() if base is None else os.fspath(base)
+    real = os.path.realpath(os.path.join(anchor, text))
+    real_roots = [os.path.realpath(root) for root in roots]
     if not any(is_within(real, root) for root in real_roots):
         allowed = ", ".join(str(root) for root in real_roots) or "none configured"
         raise VoxmillError(
@@ -45,7 +47,7 @@ def resolve_allowed_path(path: str | Path, roots: Sequence[Path], base: Path | N
             f"path {text} is outside the allowed roots ({allowed}); add its folder to the workers' "
             "VOXMILL_ALLOWED_ROOTS, or send the file's bytes instead (`voxmill submit --bytes`)",
         )
-    return real
+    return Path(real)
 
 
 def resolve_allowed(path: str | Path, roots: Sequence[Path], url_roots: Sequence[str] = ()) -> Path | str:

@@ -35,6 +35,7 @@ def test_is_within() -> None:
     assert is_within(Path("/data"), Path("/data"))
     assert not is_within(Path("/database/x.wav"), Path("/data"))
     assert not is_within(Path("/"), Path("/data"))
+    assert is_within("/data/a.wav", "/") and is_within("/", "/")
 
 
 def test_file_inside_root_resolves_to_its_real_path(tree: tuple[Path, Path]) -> None:
