@@ -701,6 +701,32 @@ def as_source(source: Source) -> Source:
     return Path(source)
 
 
+def listing_digest(source: Source) -> str | None:
+    """A digest of the files a local Kaldi dir (every file directly in it) or JSONL manifest is
+    read from: their paths, sizes and bytes, and the working folder. Equal digests mean the listing
+    would read the same, so a resume of a finished plan need not read it again (a million lines
+    cost a Python loop ~20 s). None for the other listings (a folder scan, tars, URLs, lhotse
+    pairs), which a resume reads again."""
+    source = as_source(source)
+    if isinstance(source, str) or input_is_tars(source):
+        return None
+    if source.is_dir() and (source / KALDI_WAV_SCP).is_file():
+        files = sorted(p for p in source.iterdir() if p.is_file())
+    elif source.is_file() and source.name == KALDI_WAV_SCP:
+        files = sorted(p for p in source.parent.iterdir() if p.is_file())
+    elif source.is_file() and _is_jsonl(source.name):
+        files = [source]
+    else:
+        return None
+    digest = hashlib.sha256(os.getcwd().encode())
+    for path in files:
+        digest.update(f"\0{path.absolute()}\0{path.stat().st_size}\0".encode())
+        with path.open("rb") as stream:
+            while block := stream.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def _is_pattern(text: str) -> bool:
     return "{" in text and "}" in text.split("{", 1)[1]
 

@@ -119,3 +119,57 @@ def test_a_plan_made_with_separate_tasks_resumes_with_them(tmp_path: Path) -> No
     assert len(list(PlanReader(tmp_path / "fresh").specs())) == 6 and fresh.ops == ["tokenize", "embed"]
     with pytest.raises(RunError, match="different"):
         Planner(source, tmp_path / "one", ["embed"], 4, settings, None)
+
+
+def test_a_finished_plan_resumes_without_reading_an_unchanged_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline import corpus
+
+    source = manifest(tmp_path, 10)
+    out = tmp_path / "out"
+    settings = Settings()
+    first = plan_for(source, out, ["embed"], 4, settings, None)
+    complete = out / "plan" / "complete.json"
+    assert json.loads(complete.read_text())["listing_digest"] == corpus.listing_digest(source)
+
+    def unread(self: object) -> object:
+        raise AssertionError("the listing was read")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(corpus.CorpusListing, "__iter__", unread)
+        again = plan_for(source, out, ["embed"], 4, settings, None)
+    assert (again.planned, again.utterances, again.fingerprint) == (first.planned, 10, first.fingerprint)
+    assert [len(utts) for _, utts in PlanReader(out).shards()] == [4, 4, 2]
+
+    # A plan recorded before the digest existed is read in full once, then records it.
+    record = json.loads(complete.read_text())
+    del record["listing_digest"]
+    complete.write_text(json.dumps(record))
+    assert plan_for(source, out, ["embed"], 4, settings, None).fingerprint == first.fingerprint
+    assert json.loads(complete.read_text())["listing_digest"] == corpus.listing_digest(source)
+
+    # A changed listing is read again, and refused as another corpus.
+    planned_from = corpus.listing_digest(source)
+    with source.open("a") as stream:
+        stream.write('{"utt": "u99999", "path": "/a/late.wav"}\n')
+    assert corpus.listing_digest(source) != planned_from
+    with pytest.raises(RunError, match="different corpus"):
+        plan_for(source, out, ["embed"], 4, settings, None)
+
+
+def test_only_local_file_listings_have_a_digest(tmp_path: Path) -> None:
+    from pipeline.corpus import listing_digest
+
+    kaldi = tmp_path / "kaldi"
+    kaldi.mkdir()
+    (kaldi / "wav.scp").write_text("a /x/a.wav\n")
+    (kaldi / "utt2spk").write_text("a s1\n")
+    before = listing_digest(kaldi)
+    assert before is not None and listing_digest(kaldi / "wav.scp") == before
+    (kaldi / "utt2spk").write_text("a s2\n")  # any file of the dir counts
+    assert listing_digest(kaldi) != before
+    folder = tmp_path / "audio"
+    folder.mkdir()
+    assert listing_digest(folder) is None  # a folder scan is read again
+    assert listing_digest("s3://bucket/corpus.jsonl") is None

@@ -8,8 +8,10 @@ prefix in an object store, `s3://bucket/run/`: each file is then one object, one
   and the ops its tasks run when not those (`tasks`: both ops as one `extract` task, `task_ops`);
 - `chunk-NNNNNN.parquet`: the utterances of `SHARDS_PER_CHUNK` consecutive shards (shard, utt,
   path, spk, text, listed duration) and, in its metadata, each shard's digest;
-- `complete.json`: written once the whole listing was read without a problem: the counts and the
-  fingerprint (the header's fields and every shard's digest).
+- `complete.json`: written once the whole listing was read without a problem: the counts, the
+  fingerprint (the header's fields and every shard's digest) and, for a local Kaldi dir or
+  manifest, the digest of its files (`pipeline.corpus.listing_digest`): a resume of a complete
+  plan whose listing files are unchanged takes the plan as it is, without reading the listing.
 
 A `Planner` reads the listing in a thread, cuts it into shards by count in listing order
 (`pipeline.corpus.ShardCutter`), and writes chunk after chunk; the driver takes the shards of the
@@ -55,6 +57,7 @@ from pipeline.corpus import (
     as_source,
     auto_shard_size,
     check_ops,
+    listing_digest,
     shard_digest,
 )
 from pipeline.errors import VoxmillError
@@ -364,6 +367,9 @@ class Planner:
                 self._changed.notify_all()
 
     def _read_and_write(self) -> None:
+        digest = listing_digest(self.source)  # before reading: a change meanwhile shows next time
+        if self.header is not None and digest is not None and self._adopt_finished_plan(digest):
+            return
         listing = CorpusListing(self.source)
         utts = iter(listing)
         header = self.header or self._new_header(utts, listing.tars)
@@ -394,7 +400,23 @@ class Planner:
         self.utterances = listing.count
         self.listed_audio_s = listed_s if listing.durations_listed else None
         self.fingerprint = fingerprint.hexdigest()
-        self._write_complete()
+        self._write_complete(digest)
+
+    def _adopt_finished_plan(self, digest: str) -> bool:
+        """A resume whose plan is complete and whose listing files are those it was planned from:
+        take the plan's counts as they are, without reading the listing again."""
+        if not self.plan.exists(COMPLETE_FILE):
+            return False
+        record = json.loads(self.plan.read_bytes(COMPLETE_FILE))
+        if record.get("listing_digest") != digest:
+            return False
+        self.utterances = int(record["utterances"])
+        self.listed_audio_s = record.get("listed_audio_seconds")
+        self.fingerprint = str(record["fingerprint"])
+        with self._changed:
+            self.planned = int(record["shards"])
+            self._changed.notify_all()
+        return True
 
     def _new_header(self, utts: Iterator[Utterance], tars: bool) -> PlanHeader:
         """The shard size: fixed, or (automatic) the settings', fewer when the whole corpus is so
@@ -439,7 +461,9 @@ class Planner:
             self.planned = first + len(shards)
             self._changed.notify_all()
 
-    def _write_complete(self) -> None:
+    def _write_complete(self, listing_digest: str | None) -> None:
+        """`complete.json`; on a resume, the check that the listing planned the same (its record of
+        the listing's files is brought up to date: the listing was just read in full)."""
         from pipeline.writers import write_text_at
 
         record = {
@@ -448,10 +472,14 @@ class Planner:
             "listed_audio_seconds": self.listed_audio_s,
             "fingerprint": self.fingerprint,
         }
+        if listing_digest is not None:
+            record["listing_digest"] = listing_digest
         if self.plan.exists(COMPLETE_FILE):
-            if json.loads(self.plan.read_bytes(COMPLETE_FILE)).get("fingerprint") != self.fingerprint:
+            found = json.loads(self.plan.read_bytes(COMPLETE_FILE))
+            if found.get("fingerprint") != self.fingerprint:
                 raise different_run(self.out_dir)
-            return
+            if found.get("listing_digest") == listing_digest:
+                return
         write_text_at(self.plan, COMPLETE_FILE, json.dumps(record, indent=1) + "\n")
 
 
