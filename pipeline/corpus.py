@@ -65,6 +65,7 @@ KALDI_TEXT = "text"
 KALDI_UTT2DUR = "utt2dur"
 KALDI_SEGMENTS = "segments"
 KALDI_RECO2DUR = "reco2dur"
+KALDI_FILES = (KALDI_WAV_SCP, KALDI_UTT2SPK, KALDI_TEXT, KALDI_UTT2DUR, KALDI_SEGMENTS, KALDI_RECO2DUR)
 MANIFEST_SUFFIX = ".jsonl"
 GZ_MANIFEST_SUFFIX = ".jsonl.gz"
 TAR_SUFFIX = ".tar"
@@ -702,8 +703,8 @@ def as_source(source: Source) -> Source:
 
 
 def listing_digest(source: Source) -> str | None:
-    """A digest of the files a local Kaldi dir (every file directly in it) or JSONL manifest is
-    read from: their paths, sizes and bytes, and the working folder. Equal digests mean the listing
+    """A digest of the files a local Kaldi dir (those of `KALDI_FILES` it has) or JSONL manifest
+    is read from: their paths, sizes and bytes, and the working folder. Equal digests mean the listing
     would read the same, so a resume of a finished plan need not read it again (a million lines
     cost a Python loop ~20 s). None for the other listings (a folder scan, tars, URLs, lhotse
     pairs), which a resume reads again."""
@@ -711,9 +712,9 @@ def listing_digest(source: Source) -> str | None:
     if isinstance(source, str) or input_is_tars(source):
         return None
     if source.is_dir() and (source / KALDI_WAV_SCP).is_file():
-        files = sorted(p for p in source.iterdir() if p.is_file())
+        files = [source / name for name in KALDI_FILES if (source / name).is_file()]
     elif source.is_file() and source.name == KALDI_WAV_SCP:
-        files = sorted(p for p in source.parent.iterdir() if p.is_file())
+        files = [source.parent / name for name in KALDI_FILES if (source.parent / name).is_file()]
     elif source.is_file() and _is_jsonl(source.name):
         files = [source]
     else:

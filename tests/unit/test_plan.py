@@ -167,8 +167,13 @@ def test_only_local_file_listings_have_a_digest(tmp_path: Path) -> None:
     (kaldi / "utt2spk").write_text("a s1\n")
     before = listing_digest(kaldi)
     assert before is not None and listing_digest(kaldi / "wav.scp") == before
-    (kaldi / "utt2spk").write_text("a s2\n")  # any file of the dir counts
-    assert listing_digest(kaldi) != before
+    (kaldi / "utt2spk").write_text("a s2\n")  # every file the listing reads counts
+    changed = listing_digest(kaldi)
+    assert changed != before
+    (kaldi / "feats.ark").write_bytes(b"\0" * 1024)  # others are not read, nor hashed
+    assert listing_digest(kaldi) == changed
+    (kaldi / "segments").write_text("a-1 a 0.0 1.0\n")  # a new one the listing reads
+    assert listing_digest(kaldi) != changed
     folder = tmp_path / "audio"
     folder.mkdir()
     assert listing_digest(folder) is None  # a folder scan is read again
