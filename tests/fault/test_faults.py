@@ -213,9 +213,14 @@ def test_disk_full_leaves_no_shard_a_rerun_would_trust(setup, start_worker, tmp_
         assert "No space left" in output or "output_error" in output or "space" in output.lower()
         import pyarrow.parquet as pq
 
+        # The run ended at the first failed shard; a worker may still be writing another: its
+        # temporary file must go (renamed when complete, removed when the disk refused it).
+        deadline = time.monotonic() + 20
+        while list(small_out.glob("**/.*.tmp-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not list(small_out.glob("**/.*.tmp-*"))
         for shard in (small_out / "shards").glob("*.parquet"):
             pq.read_table(shard)  # every shard file left is complete
-        assert not list(small_out.glob("**/.*.tmp-*"))
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 

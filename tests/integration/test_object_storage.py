@@ -246,23 +246,29 @@ def test_two_hosts_sharing_only_redis_and_s3_one_killed_match_a_local_run(
         killed: dict[str, int] = {}
 
         def kill_host_a_mid_run() -> None:
+            """Once 3 shards are done, at host A's next task received: a shard of 1 utterance is
+            done within tens of ms, so a kill at a time of its own may find A between shards."""
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                done = len(storage.list_url(f"{out}shards/"))
-                if done >= 2:
-                    os.killpg(hosts[0].pid, signal.SIGKILL)
-                    killed["at"] = done
-                    return
+            while time.monotonic() < deadline and len(storage.list_url(f"{out}shards/")) < 3:
                 time.sleep(0.05)
+            log = tmp_path / "host-a" / "worker.log"
+            seen = log.read_bytes().count(b"] received")
+            while time.monotonic() < deadline:
+                if log.read_bytes().count(b"] received") > seen:
+                    os.killpg(hosts[0].pid, signal.SIGKILL)
+                    killed["at"] = len(storage.list_url(f"{out}shards/"))
+                    return
+                time.sleep(0.002)
 
         killer = threading.Thread(target=kill_host_a_mid_run)
         killer.start()
-        report = extract_corpus(driver, s3_manifest, out, ops, 2, 3, quiet=True)
+        # One utterance per shard: 24 shards, so that the run is still going when A is killed.
+        report = extract_corpus(driver, s3_manifest, out, ops, 2, 1, quiet=True)
         killer.join()
-        assert "at" in killed and killed["at"] < 16, "host A was not killed mid-run"
+        assert "at" in killed and killed["at"] < 24, "host A was not killed mid-run"
         assert hosts[0].wait(timeout=10) == -signal.SIGKILL
         # Host A's shard in flight was lost with it and done again by host B.
-        assert report["resubmitted_shards"] >= 1
+        assert report["resubmitted_shards"] >= 1, (killed, report.get("wall_seconds"))
         assert report["utterances"] == 24
         outputs = _comparable(read_outputs(_download(out, tmp_path / "copy-manifest")))
         tokens = [row["utt"] for row in outputs["speech_tokens.parquet"]]  # type: ignore[union-attr]
@@ -270,7 +276,7 @@ def test_two_hosts_sharing_only_redis_and_s3_one_killed_match_a_local_run(
         assert outputs == reference
 
         # Resumed on the bucket: every shard object and the outputs are there; nothing is redone.
-        again = extract_corpus(driver, s3_manifest, out, ops, 2, 3, quiet=True)
+        again = extract_corpus(driver, s3_manifest, out, ops, 2, 1, quiet=True)
         assert again == report
 
         # The same audio as WebDataset tar shards in the bucket, by a brace pattern, to s3://.
