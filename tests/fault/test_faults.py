@@ -170,7 +170,8 @@ def test_worker_over_its_memory_limit_is_replaced(setup, start_worker, fault_ref
     client = redis.Redis.from_url(settings.broker_url)
     seen = set(pool_children(client, workers.process.pid))
     first = set(seen)
-    driver = Driver(settings, fault_corpus_of(settings), out, shard_size=100).start()
+    # 6 shards of 50: six tasks (both ops run as one task per shard), so several replacements.
+    driver = Driver(settings, fault_corpus_of(settings), out, shard_size=50).start()
     while driver.process is not None and driver.process.poll() is None:
         seen |= set(pool_children(client, workers.process.pid))
         time.sleep(0.1)
