@@ -475,7 +475,8 @@ def _decode_with_soundfile(opened: _Opened, cap: int, first: int = 0) -> FloatAr
     """Up to `cap` frames as float32 [frames, channels]; decoder errors become `unreadable`."""
     try:
         sound = opened.soundfile()  # the handle the header was read with
-        sound.seek(first)  # a segment: never decode what comes before it
+        if first:  # a segment: never decode what comes before it
+            sound.seek(first)
         data = sound.read(frames=cap, dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError) as exc:
         raise VoxmillError(
