@@ -704,10 +704,10 @@ def as_source(source: Source) -> Source:
 
 def listing_digest(source: Source) -> str | None:
     """A digest of the files a local Kaldi dir (those of `KALDI_FILES` it has) or JSONL manifest
-    is read from: their paths, sizes and bytes, and the working folder. Equal digests mean the listing
-    would read the same, so a resume of a finished plan need not read it again (a million lines
-    cost a Python loop ~20 s). None for the other listings (a folder scan, tars, URLs, lhotse
-    pairs), which a resume reads again."""
+    is read from: their paths, sizes and bytes, and the working folder. Equal digests mean the
+    listing would read the same, so a resume of a finished plan need not parse it again (CHANGELOG
+    21). None for the other listings (a folder scan, tars, URLs, lhotse pairs), which a resume
+    reads again."""
     source = as_source(source)
     if isinstance(source, str) or input_is_tars(source):
         return None
