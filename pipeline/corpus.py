@@ -49,14 +49,15 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, cast
-
-import numpy as np
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from pipeline import storage
 from pipeline.errors import BAD_REQUEST, VoxmillError
 from pipeline.records import OPS, Utterance
 from pipeline.storage import is_url
+
+if TYPE_CHECKING:
+    from pipeline.listed_ids import ListedIds
 
 AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".aac", ".wma"})
 KALDI_WAV_SCP = "wav.scp"
@@ -117,83 +118,41 @@ class _Problems:
         return [text for found in self.by_file.values() for _, text in sorted(found, key=lambda p: p[0])]
 
 
-class _Ids:
-    """The utterance ids of a listing as 16-byte digests, to find the ones listed twice at the end
-    (about 24 bytes per utterance instead of a set of strings)."""
+# --------------------------------------------------------------------------- the listing
 
-    BLOCK = 65536
 
-    def __init__(self) -> None:
-        self._blocks: list[np.ndarray[Any, Any]] = []
-        self._digests = np.empty(self.BLOCK, dtype="V16")
-        self._lines = np.empty(self.BLOCK, dtype=np.int64)
-        self._filled = 0
-
-    @staticmethod
-    def digest(utt: str) -> bytes:
-        return hashlib.blake2b(utt.encode(), digest_size=16).digest()
+class _NoIds:
+    """The ids of a listing read only for its paths: none kept, none repeated."""
 
     def add(self, utt: str, line: int) -> None:
-        self._digests[self._filled] = self.digest(utt)
-        self._lines[self._filled] = line
-        self._filled += 1
-        if self._filled == self.BLOCK:
-            self._flush()
-
-    def _flush(self) -> None:
-        block = np.empty(self._filled, dtype=[("id", "V16"), ("line", np.int64)])
-        block["id"], block["line"] = self._digests[: self._filled], self._lines[: self._filled]
-        self._blocks.append(block)
-        self._filled = 0
-
-    def sorted(self) -> np.ndarray[Any, Any]:
-        if self._filled:
-            self._flush()
-        if not self._blocks:
-            return np.empty(0, dtype=[("id", "V16"), ("line", np.int64)])
-        everything = np.concatenate(self._blocks)
-        self._blocks = [everything]
-        return everything[np.argsort(everything, order=("id", "line"), kind="stable")]
+        """Nothing kept."""
 
     def repeats(self) -> dict[int, int]:
-        """{line of a repeat: line of the first listing of that id}."""
-        ordered = self.sorted()
-        if len(ordered) < 2:
-            return {}
-        same = ordered["id"][1:] == ordered["id"][:-1]
-        repeats: dict[int, int] = {}
-        first = 0
-        for index in range(1, len(ordered)):
-            if same[index - 1]:
-                repeats[int(ordered["line"][index])] = int(ordered["line"][first])
-            else:
-                first = index
-        return repeats
+        return {}
 
     def contains(self, utt: str) -> bool:
-        ordered = self.sorted()
-        key = np.array([self.digest(utt)], dtype="V16")
-        index = int(np.searchsorted(ordered["id"], key)[0])
-        return index < len(ordered) and ordered["id"][index] == key[0]
-
-
-# --------------------------------------------------------------------------- the listing
+        return False
 
 
 class CorpusListing:
     """A corpus listing of `source`, read as it is iterated (once).
 
     `tars` is set when the source is WebDataset tar shards: then each item is a tar, not an
-    utterance (`Utterance(utt=tar as listed, path=tar)`).
+    utterance (`Utterance(utt=tar as listed, path=tar)`). `find_repeats` False: the listing is
+    read only for its paths, and ids listed twice are not looked for.
     """
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, find_repeats: bool = True) -> None:
         self.source: Source = as_source(source)
         self.problems = _Problems()
         self.durations_listed = False
         self.count = 0
         self.tars = input_is_tars(self.source)
-        self._ids = _Ids()
+        self._ids: ListedIds | _NoIds = _NoIds()
+        if find_repeats:
+            from pipeline.listed_ids import ListedIds  # numpy: `corpus_roots` runs before it is needed
+
+            self._ids = ListedIds()
 
     def __iter__(self) -> Iterator[Utterance]:
         source = self.source
@@ -519,7 +478,7 @@ class _SideFile:
             return
         self.aside[key] = (value, number)
 
-    def finish(self, ids: _Ids) -> None:
+    def finish(self, ids: ListedIds | _NoIds) -> None:
         """Report what the file lists that `wav.scp` does not (or lists twice)."""
         if not self.exists:
             return
@@ -1140,7 +1099,7 @@ def _listed_paths(source: Source) -> Iterator[str]:
     """The audio paths a listing names, parsed no further than that (a wav.scp line is split once)."""
     wav_scp = source / KALDI_WAV_SCP if isinstance(source, Path) and source.is_dir() else source
     if not isinstance(wav_scp, Path) or wav_scp.name != KALDI_WAV_SCP:
-        yield from (utt.path for utt in CorpusListing(source))
+        yield from (utt.path for utt in CorpusListing(source, find_repeats=False))
         return
     base = str(wav_scp.parent.absolute())
     with open(wav_scp, "rb") as stream:

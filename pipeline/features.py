@@ -22,6 +22,8 @@ import numpy.typing as npt
 SAMPLE_RATE_HZ = 16000
 N_FFT = 400
 HOP = 160
+WINDOW_FRAMES = 3000  # the tokenizer's window: 30 s of 10 ms frames
+STRIDE_FRAMES = 2600  # 26 s: windows overlap by 4 s
 KALDI_FRAME = 400  # 25 ms
 KALDI_SHIFT = 160  # 10 ms
 KALDI_FFT = 512  # the frame zero-padded to a power of two
@@ -209,3 +211,27 @@ def mean_normalized(feats: FloatArray) -> FloatArray:
     """Subtract the mean over time (axis 0), as CosyVoice does before CAM++."""
     centered: FloatArray = (feats - feats.mean(axis=0, keepdims=True)).astype(np.float32, copy=False)
     return centered
+
+
+def frontend_parameters() -> dict[str, Any]:
+    """The front-end every token and embedding of this voxmill comes from (a run's provenance)."""
+    return {
+        "sample_rate_hz": SAMPLE_RATE_HZ,
+        "resampler": "soxr HQ",
+        "tokenizer_features": {
+            "kind": "whisper log-mel",
+            "n_mels": 128,
+            "n_fft": N_FFT,
+            "hop": HOP,
+            "window_frames": WINDOW_FRAMES,
+            "stride_frames": STRIDE_FRAMES,
+        },
+        "embedder_features": {
+            "kind": "kaldi fbank, mean-normalised over time",
+            "num_mel_bins": 80,
+            "frame_length": KALDI_FRAME,
+            "frame_shift": KALDI_SHIFT,
+            "dither": 0.0,
+            "preemphasis": PREEMPHASIS,
+        },
+    }

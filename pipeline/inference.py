@@ -21,7 +21,7 @@ import numpy.typing as npt
 from pipeline import errors
 from pipeline.audio import Audio, Segment, load_audio
 from pipeline.errors import VoxmillError
-from pipeline.features import kaldi_fbank, mean_normalized, whisper_log_mel
+from pipeline.features import STRIDE_FRAMES, WINDOW_FRAMES, kaldi_fbank, mean_normalized, whisper_log_mel
 from pipeline.quality import clip_stats
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES_BY_OP, TaskResult
 from pipeline.registry import Registry
@@ -31,9 +31,7 @@ from pipeline.vad import SpeechCheck, require_speech, shared_detector
 
 log = logging.getLogger("voxmill.inference")
 
-WINDOW_FRAMES = 3000  # 30 s of 10 ms frames
-STRIDE_FRAMES = 2600  # 26 s: windows overlap by 4 s
-OVERLAP_S = 4
+OVERLAP_S = 4  # seconds: WINDOW_FRAMES - STRIDE_FRAMES
 WARMUP_SECONDS = 3.0
 # What serving imports lazily. A process that forks serving processes (a prefork worker, the
 # watcher's validator) imports them first, once: importing builds no session and starts no
@@ -234,29 +232,3 @@ def run_clip(
             **fields,
         )
     return TaskResult(input=label, op=op, models=models, error=error, timings_ms=timings.stages, stats=stats)
-
-
-def frontend_parameters() -> dict[str, Any]:
-    """The front-end every token and embedding of this voxmill comes from (a run's provenance)."""
-    from pipeline import features
-
-    return {
-        "sample_rate_hz": features.SAMPLE_RATE_HZ,
-        "resampler": "soxr HQ",
-        "tokenizer_features": {
-            "kind": "whisper log-mel",
-            "n_mels": 128,
-            "n_fft": features.N_FFT,
-            "hop": features.HOP,
-            "window_frames": WINDOW_FRAMES,
-            "stride_frames": STRIDE_FRAMES,
-        },
-        "embedder_features": {
-            "kind": "kaldi fbank, mean-normalised over time",
-            "num_mel_bins": 80,
-            "frame_length": features.KALDI_FRAME,
-            "frame_shift": features.KALDI_SHIFT,
-            "dither": 0.0,
-            "preemphasis": features.PREEMPHASIS,
-        },
-    }

@@ -217,10 +217,10 @@ class _Tally:
 
     def provenance(self) -> dict[str, Any]:
         """What produced the outputs: voxmill, each model (file, sha256, provider actually used,
-        ONNX Runtime), the front-end (`pipeline.inference.frontend_parameters`)."""
+        ONNX Runtime), the front-end (`pipeline.features.frontend_parameters`)."""
         from importlib.metadata import PackageNotFoundError, version
 
-        from pipeline.inference import frontend_parameters
+        from pipeline.features import frontend_parameters
 
         try:
             voxmill = version("voxmill")

@@ -17,10 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 CLIP_LEVEL = 0.999
 DBFS_FLOOR = -150.0  # below a 24-bit LSB (-144 dBFS); digital silence reads as this
@@ -57,6 +58,8 @@ def clip_stats(
     rate_hz: int = RATE_HZ,
 ) -> dict[str, Any]:
     """The quality columns of one clip (module docstring), keyed by `STAT_FIELDS`; pure."""
+    import numpy as np  # here: `voxmill extract` imports `QualityFilter` before it spawns its workers
+
     wave = np.asarray(samples).reshape(-1)
     n = int(wave.shape[0])
     duration_s = n / rate_hz

@@ -68,3 +68,34 @@ def test_importing_the_modules_builds_no_app() -> None:
 def test_the_worker_app_builds_its_holder_only_in_a_worker_process() -> None:
     found = probe("import workers.app\n")  # what `celery -A workers.app worker` imports
     assert found["apps"] == 1 and found["holders"] == 0
+
+
+# `voxmill extract` without a broker: the first process it starts is the embedded Redis, and the
+# heavy imports come after the local workers are spawned (they load their models meanwhile).
+SPAWN_PROBE = """
+import json, os, subprocess, sys
+HEAVY = ("numpy", "pyarrow", "redis", "celery", "kombu", "scipy", "onnxruntime")
+def first_spawn(self, *args, **kwargs):
+    print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in HEAVY)), flush=True)
+    os._exit(0)
+subprocess.Popen.__init__ = first_spawn
+sys.argv = ["voxmill", "extract", {manifest!r}, "--out", {out!r}, "--models", {models!r}, "--quiet"]
+from workers.cli import main
+main()
+"""
+
+
+def test_extract_spawns_its_local_workers_before_the_heavy_imports(
+    tmp_path: Path, tiny_models: Path, audio_dir: Path
+) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"utt": "a", "path": str(audio_dir / "chirp_3s.wav")}) + "\n")
+    code = SPAWN_PROBE.format(manifest=str(manifest), out=str(tmp_path / "out"), models=str(tiny_models))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "VOXMILL_CONFIG": "/nonexistent.yaml"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"extract never spawned a process: {done.stderr}"
+    assert json.loads(lines[-1]) == []

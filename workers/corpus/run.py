@@ -5,7 +5,8 @@
 
 With a broker, workers anywhere do the work; without one, the run starts its own Redis and local
 workers first, so they load their models while this process probes the corpus and submits the
-first shards. The driver and the Celery app are imported after the workers are spawned.
+first shards. The driver, the Celery app, numpy, Arrow and redis-py are imported after the workers
+are spawned (`tests/unit/test_imports.py`).
 
 `out_dir` may be an object-store URL (`s3://bucket/run/`): the plan, the shard objects and the
 merged outputs are written there, and what must stay local (the lock's flock, an embedded run's
@@ -24,7 +25,6 @@ from pipeline.errors import VoxmillError
 from pipeline.quality import QualityFilter
 from pipeline.settings import Settings
 from pipeline.storage import mend_url, output_location
-from pipeline.writers import REPORT_FILE
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
 from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, run_state_folder, task_ops
 
@@ -195,6 +195,8 @@ def merged_report(
     """The report of outputs already merged from this very plan with these filters (report.json is
     written last)."""
     import json
+
+    from pipeline.writers import REPORT_FILE
 
     out = output_location(out_dir)
     try:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import redis
 
 from workers import keys
+from workers.corpus.plan import RunError
 
 if TYPE_CHECKING:
     from pipeline.records import ShardSpec
@@ -47,7 +48,7 @@ RUN_PROGRESS_TTL_S = 15  # like a worker's heartbeat: gone soon after its driver
 RUN_PUBLISH_EVERY_S = 1.0  # announcements can wake the driver many times a second; one write is enough
 
 
-class RunMetricsPortError(RuntimeError):
+class RunMetricsPortError(RunError):
     """The run's metrics port cannot be served (taken by another process, or not allowed)."""
 
 
