@@ -12,6 +12,12 @@ frame of 16 kHz audio. Framing, as silero-vad 6.2.3's `OnnxWrapper` (and its tor
   state, which is passed into the next block; its probabilities are bit for bit those of the
   frame-at-a-time `silero_vad.onnx` (the README says how that was checked).
 
+The graph opens with an STFT written as a convolution (258 filters: a periodic Hann window times
+the cosines and sines of a 256-point DFT, hop 128, over each row reflect-padded by 128, the first
+frame dropped: 4 frames of 129 magnitudes per row), a third of its time. `stft_magnitudes` does it
+with numpy's FFT instead, and the session runs the rest of the graph (`DETECTOR_FILE`, cut from
+the vendored file by `detector_graph`): probabilities within 1e-6 of the whole graph's.
+
 Speech segments follow Silero's `get_speech_timestamps_from_probs`, simplified to one rule:
 speech starts at a frame with p >= `threshold`; it ends where a run of frames below
 `threshold - 0.15` begins that lasts `min_silence_ms` (100 ms) with no frame >= `threshold` in
@@ -22,6 +28,7 @@ what `SpeechCheck.min_speech_ms` is compared with (`no_speech` below it).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -39,13 +46,20 @@ from pipeline.sessions import SessionOptions, helper_session
 from pipeline.settings import Settings
 
 MODEL_DIR = Path(__file__).resolve().parent / "models" / "silero_vad"
-MODEL_FILE = MODEL_DIR / "silero_vad_16k_sequence.onnx"
+MODEL_FILE = MODEL_DIR / "silero_vad_16k_sequence.onnx"  # the wheel's file, unchanged
 MODEL_SHA256 = "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85"
+DETECTOR_FILE = MODEL_DIR / "silero_vad_16k_sequence.after_stft.onnx"  # what runs: `detector_graph`
 RATE_HZ = 16000
 FRAME_SAMPLES = 512
 CONTEXT_SAMPLES = 64
 ROW_SAMPLES = CONTEXT_SAMPLES + FRAME_SAMPLES
 FRAME_S = FRAME_SAMPLES / RATE_HZ
+MAGNITUDES = "/stft/Sqrt_output_0"  # the graph's STFT magnitudes, where it is cut
+STFT_SIZE = 256
+STFT_HOP = 128
+STFT_BINS = STFT_SIZE // 2 + 1
+STFT_FRAMES = 4  # per row
+STFT_OVERHANG = (STFT_FRAMES - 1) * STFT_HOP + STFT_SIZE - ROW_SAMPLES  # 64: the last frame past the row
 # Frames per session call (16.4 s), as silero's sequence front-end: a 10 min clip never holds
 # all of its rows and activations at once.
 BLOCK_FRAMES = 512
@@ -64,7 +78,7 @@ class SpeechCheck:
     min_speech_ms: float = 80.0
     threshold: float = 0.5
     min_silence_ms: float = 100.0
-    model_path: Path = MODEL_FILE
+    model_path: Path = DETECTOR_FILE
     intra_op_threads: int = 1
 
     @classmethod
@@ -100,6 +114,37 @@ def frame_rows(wave: FloatArray) -> FloatArray:
     rows[:, CONTEXT_SAMPLES:] = body
     rows[1:, :CONTEXT_SAMPLES] = body[:-1, -CONTEXT_SAMPLES:]
     return rows
+
+
+@functools.lru_cache(maxsize=1)
+def _hann() -> npt.NDArray[np.float64]:
+    return 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(STFT_SIZE) / STFT_SIZE)
+
+
+def stft_magnitudes(rows: FloatArray) -> FloatArray:
+    """The STFT magnitudes the vendored graph computes first, float32 [rows, 129, 4].
+
+    A row's frames start at samples 0, 128, 256 and 384 of it; the last one runs 64 samples past
+    the row's end, into its reflection (the samples before the last one, in reverse).
+    """
+    reflected = rows[:, ROW_SAMPLES - 2 : ROW_SAMPLES - 2 - STFT_OVERHANG : -1]
+    extended = np.concatenate([rows, reflected], axis=1)
+    frames = np.lib.stride_tricks.sliding_window_view(extended, STFT_SIZE, axis=1)[:, ::STFT_HOP]
+    magnitudes = np.abs(np.fft.rfft(frames * _hann(), axis=-1)).astype(np.float32)
+    return np.ascontiguousarray(magnitudes.transpose(0, 2, 1))
+
+
+def detector_graph(model: bytes) -> bytes:
+    """The vendored graph (`MODEL_FILE`'s bytes) from its STFT magnitudes on: `DETECTOR_FILE`."""
+    import onnx
+    import onnx.utils
+
+    graph = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
+    if MAGNITUDES not in {value.name for value in graph.graph.value_info}:
+        raise VoxmillError(errors.MODEL_ERROR, f"the model has no {MAGNITUDES} to cut it at")
+    inputs = [MAGNITUDES, *(i.name for i in graph.graph.input[1:])]
+    cut = onnx.utils.Extractor(graph).extract_model(inputs, [o.name for o in graph.graph.output])
+    return bytes(cut.SerializeToString())
 
 
 def segments_from_probs(
@@ -157,19 +202,19 @@ class SpeechDetector:
         if (
             len(inputs) < 2
             or len(outputs) != len(inputs)
-            or len(rows) != 2
-            or rows[1] != ROW_SAMPLES
+            or len(rows) != 3
+            or rows[1] != STFT_BINS
             or not fixed_states
         ):
             raise VoxmillError(
                 errors.MODEL_ERROR,
-                f"{self.path.name} is not a Silero sequence VAD model (rows [frames, {ROW_SAMPLES}] "
-                f"and a fixed-size recurrent state in and out); inputs "
-                f"{[(i.name, i.shape) for i in inputs]}",
+                f"{self.path.name} is not a Silero sequence VAD model after its STFT (magnitudes "
+                f"[frames, {STFT_BINS}, {STFT_FRAMES}] and a fixed-size recurrent state in and out); "
+                f"inputs {[(i.name, i.shape) for i in inputs]}",
             )
 
     @classmethod
-    def load(cls, path: Path = MODEL_FILE, intra_op_threads: int = 1) -> SpeechDetector:
+    def load(cls, path: Path = DETECTOR_FILE, intra_op_threads: int = 1) -> SpeechDetector:
         """Build the session (pipeline.sessions' options, CPU) and check it on a warm-up clip."""
         started = time.perf_counter()
         options = SessionOptions(provider="cpu", intra_op_threads=intra_op_threads)
@@ -187,7 +232,8 @@ class SpeechDetector:
         states = [np.zeros(shape, dtype=np.float32) for shape in self.state_shapes]
         parts: list[FloatArray] = []
         for first in range(0, rows.shape[0], BLOCK_FRAMES):
-            feeds = dict(zip(self.input_names, [rows[first : first + BLOCK_FRAMES], *states], strict=True))
+            magnitudes = stft_magnitudes(rows[first : first + BLOCK_FRAMES])
+            feeds = dict(zip(self.input_names, [magnitudes, *states], strict=True))
             try:
                 outputs = self.session.run(self.output_names, feeds)
             except Exception as exc:  # ONNX Runtime raises its own exception types

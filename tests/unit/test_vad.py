@@ -15,11 +15,14 @@ from pipeline.demo import speechlike
 from pipeline.errors import VoxmillError
 from pipeline.standin import make_standins
 from pipeline.vad import (
+    BLOCK_FRAMES,
+    DETECTOR_FILE,
     FRAME_SAMPLES,
     MODEL_FILE,
     MODEL_SHA256,
     SpeechCheck,
     SpeechDetector,
+    detector_graph,
     frame_rows,
     require_speech,
     segments_from_probs,
@@ -60,6 +63,44 @@ def test_the_vendored_file_is_the_one_its_readme_names() -> None:
     readme = (MODEL_FILE.parent / "README.md").read_text()
     assert MODEL_SHA256 in readme and "silero-vad 6.2.3" in readme and MODEL_FILE.name in readme
     assert (MODEL_FILE.parent / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_the_detector_file_is_the_vendored_graph_after_its_stft() -> None:
+    import onnx
+
+    derived = onnx.load_from_string(detector_graph(MODEL_FILE.read_bytes()))
+    assert onnx.load(str(DETECTOR_FILE)).graph == derived.graph
+    assert "Conv" not in {node.op_type for node in derived.graph.node if node.name.startswith("/stft")}
+
+
+def test_the_numpy_stft_gives_the_whole_vendored_graphs_probabilities(detector: SpeechDetector) -> None:
+    """The vendored graph run whole (its STFT a convolution) against the detector (numpy's FFT,
+    then the rest of the graph): the same probabilities to float32 rounding, across blocks."""
+    import onnxruntime as ort
+
+    whole = ort.InferenceSession(str(MODEL_FILE), providers=["CPUExecutionProvider"])
+
+    def whole_graph_probs(wave: np.ndarray) -> np.ndarray:
+        rows = frame_rows(wave)
+        h = c = np.zeros((1, 1, 128), np.float32)
+        out = []
+        for first in range(0, len(rows), BLOCK_FRAMES):
+            p, h, c = whole.run(None, {"input": rows[first : first + BLOCK_FRAMES], "h": h, "c": c})
+            out.append(p.reshape(-1))
+        return np.concatenate(out)
+
+    clips = [
+        speechlike(20.0, 16000, 110.0, 2),
+        white_noise(1.3),
+        hum(0.7)[:12345],
+        with_noise(speechlike(3.0, 16000, 150.0, 4), 0.0),
+    ]
+    if ESPEAK is not None:
+        clips.append(np.tile(espeak_wave(), 5))
+    for wave in clips:
+        found, expected = detector.probabilities(wave), whole_graph_probs(wave)
+        assert found.shape == expected.shape and float(expected.max()) > 0.0
+        np.testing.assert_allclose(found, expected, rtol=0, atol=1e-5)
 
 
 def test_rows_are_512_new_samples_after_64_of_context() -> None:
@@ -131,7 +172,7 @@ def test_the_detector_reads_its_interface_from_the_session(detector: SpeechDetec
     assert detector.input_names == [i.name for i in session.get_inputs()]
     assert detector.output_names == [o.name for o in session.get_outputs()]
     assert detector.state_shapes == [tuple(i.shape) for i in session.get_inputs()[1:]]
-    assert detector.sha256 == MODEL_SHA256
+    assert detector.sha256 == hashlib.sha256(DETECTOR_FILE.read_bytes()).hexdigest()
     assert session.get_providers() == ["CPUExecutionProvider"]
 
 
@@ -246,4 +287,4 @@ def test_probabilities_match_the_frame_by_frame_model_of_the_wheel(
     if ESPEAK is not None:
         clips.append(np.tile(espeak_wave(), 5))  # 640 frames: across a block boundary
     for wave in clips:
-        np.testing.assert_array_equal(detector.probabilities(wave), wrapper_probs(wave))
+        np.testing.assert_allclose(detector.probabilities(wave), wrapper_probs(wave), rtol=0, atol=1e-5)
