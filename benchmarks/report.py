@@ -122,8 +122,8 @@ def measured_line(data: dict[str, Any]) -> Lines:
     before, after = bench.get("load_average_before"), bench.get("load_average_after")
     load = f", load average {before[0]} → {after[0]}" if before and after else ""
     commit = (machine.get("commit") or "?")[:10] + (" + local changes" if machine.get("dirty") else "")
-    seconds = bench.get("seconds", "?")
-    return [f"_Measured {machine.get('time', '?')}{load}; {seconds} s; commit `{commit}`._", ""]
+    took = f"; {bench['seconds']} s" if "seconds" in bench else ""  # sections run on their own record none
+    return [f"_Measured {machine.get('time', '?')}{load}{took}; commit `{commit}`._", ""]
 
 
 # --------------------------------------------------------------------------- targets
