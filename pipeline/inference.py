@@ -21,7 +21,15 @@ import numpy.typing as npt
 from pipeline import errors
 from pipeline.audio import Audio, Segment, load_audio
 from pipeline.errors import VoxmillError
-from pipeline.features import STRIDE_FRAMES, WINDOW_FRAMES, kaldi_fbank, mean_normalized, whisper_log_mel
+from pipeline.features import (
+    HOP,
+    SAMPLE_RATE_HZ,
+    STRIDE_FRAMES,
+    WINDOW_FRAMES,
+    kaldi_fbank,
+    mean_normalized,
+    whisper_log_mel,
+)
 from pipeline.quality import clip_stats
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES_BY_OP, TaskResult
 from pipeline.registry import Registry
@@ -31,7 +39,7 @@ from pipeline.vad import SpeechCheck, require_speech, shared_detector
 
 log = logging.getLogger("voxmill.inference")
 
-OVERLAP_S = 4  # seconds: WINDOW_FRAMES - STRIDE_FRAMES
+OVERLAP_S = (WINDOW_FRAMES - STRIDE_FRAMES) * HOP // SAMPLE_RATE_HZ  # 4 s of the windows' overlap
 WARMUP_SECONDS = 3.0
 # What serving imports lazily. A process that forks serving processes (a prefork worker, the
 # watcher's validator) imports them first, once: importing builds no session and starts no
