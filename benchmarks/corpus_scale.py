@@ -4,8 +4,9 @@
     python -m benchmarks.corpus_scale --quick         # N = 100k only
     python -m benchmarks.corpus_scale --sizes 20000   # any sizes
 
-For each N: a Kaldi dir (wav.scp, utt2spk) of N utterances over a few dozen distinct short clips
-(0.5-2 s, so disk space is not the limit), the tiny stand-ins, both ops, 2 local workers.
+For each N: a Kaldi dir (wav.scp, utt2spk, utt2dur; `--unlisted-durations`: no utt2dur, so
+shards of `shard_size` utterances) of N utterances over a few dozen distinct short clips (0.5-2 s,
+so disk space is not the limit), the tiny stand-ins, both ops, 2 local workers.
 Measured, in one run: `voxmill extract` (`benchmarks.scale_driver`: time to the first shard
 submitted, driver peak RSS, merge time and peak RSS, whole run), then the same command again on
 the finished folder (a resume), and the plain loop over the same clips in 2 processes side by side
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +73,28 @@ def make_clips(folder: Path) -> list[tuple[Path, float]]:
     return clips
 
 
-def make_corpus(n: int, clips: list[tuple[Path, float]]) -> tuple[Path, Path, float]:
-    """The Kaldi dir of N utterances (and a JSONL manifest of them for the plain loop); the audio seconds."""
-    data = SCALE_DIR / f"corpus-{n}"
+def make_corpus(n: int, clips: list[tuple[Path, float]], durations: bool) -> tuple[Path, Path, float]:
+    """The Kaldi dir of N utterances, with `utt2dur` or without (and a JSONL manifest of them for
+    the plain loop); the audio seconds."""
+    data = SCALE_DIR / (f"corpus-{n}" if durations else f"corpus-{n}-unlisted")
     manifest = SCALE_DIR / f"corpus-{n}.jsonl"
     audio_s = sum(clips[i % len(clips)][1] for i in range(n))
-    if (data / "utt2spk").exists() and manifest.exists():
+    if (data / "utt2spk").exists() and (data / "utt2dur").exists() == durations and manifest.exists():
         return data, manifest, audio_s
-    data.mkdir(parents=True, exist_ok=True)
-    with open(data / "wav.scp", "w") as scp, open(data / "utt2spk", "w") as spk, open(manifest, "w") as jsonl:
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    with ExitStack() as files:
+        scp, spk, jsonl = (
+            files.enter_context(open(p, "w")) for p in (data / "wav.scp", data / "utt2spk", manifest)
+        )
+        dur = files.enter_context(open(data / "utt2dur", "w")) if durations else None
         for i in range(n):
-            path = clips[i % len(clips)][0]
+            path, seconds = clips[i % len(clips)]
             utt = f"u{i:08d}"
             scp.write(f"{utt} {path}\n")
             spk.write(f"{utt} s{i % 500:03d}\n")
+            if dur is not None:
+                dur.write(f"{utt} {seconds:.4f}\n")
             jsonl.write(json.dumps({"utt": utt, "path": str(path)}) + "\n")
     return data, manifest, audio_s
 
@@ -124,13 +134,16 @@ def run_plain_loop(manifest: Path, models: Path, ops: str, work: Path) -> dict[s
     return {"wall_s": round(wall_s, 3)}
 
 
-def measure(n: int, clips: list[tuple[Path, float]], models: Path, ops: str) -> dict[str, Any]:
-    data, manifest, audio_s = make_corpus(n, clips)
+def measure(
+    n: int, clips: list[tuple[Path, float]], models: Path, ops: str, durations: bool
+) -> dict[str, Any]:
+    data, manifest, audio_s = make_corpus(n, clips, durations)
     work = SCALE_DIR / f"run-{n}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     log(f"{n} utterances: voxmill extract")
     first = run_voxmill(data, work / "out", models, ops)
+    shard_size = json.loads((work / "out" / "plan" / "header.json").read_text())["shard_size"]
     log(f"{n} utterances: resume of the finished run")
     resume = run_voxmill(data, work / "out", models, ops)
     log(f"{n} utterances: plain loop, 2 processes")
@@ -139,6 +152,8 @@ def measure(n: int, clips: list[tuple[Path, float]], models: Path, ops: str) -> 
     plain_rate = audio_s / plain["wall_s"]
     result = {
         "utterances": n,
+        "durations_listed": durations,
+        "shard_size": shard_size,
         "audio_s": round(audio_s, 1),
         "first_shard_submitted_s": first.get("first_shard_submitted_s"),
         "driver_peak_rss_mb": first.get("driver_peak_rss_mb"),
@@ -187,6 +202,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="100k utterances only")
     parser.add_argument("--sizes", default="", help="comma-separated corpus sizes")
     parser.add_argument("--ops", default="tokenize,embed")
+    parser.add_argument(
+        "--unlisted-durations", action="store_true", help="no utt2dur: shards of shard_size utterances"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s] or (
         [100_000] if args.quick else [100_000, 1_000_000]
@@ -195,7 +213,7 @@ def main() -> None:
     if not (models / "campplus.onnx").exists():
         make_standins(models, profile="tiny")
     clips = make_clips(SCALE_DIR / "clips")
-    runs = [measure(n, clips, models, args.ops) for n in sizes]
+    runs = [measure(n, clips, models, args.ops, not args.unlisted_durations) for n in sizes]
     largest = runs[-1]
     verdicts = {
         key: {"target": target, "measured": largest.get(key), "met": _met(key, largest.get(key), target)}

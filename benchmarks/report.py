@@ -413,6 +413,8 @@ def corpus_scale_section(data: dict[str, Any]) -> Lines:
     rows = [
         [
             f"{run['utterances']:,}",
+            {True: "yes", False: "no"}.get(run.get("durations_listed"), "no"),
+            fmt(run.get("shard_size"), 0),
             secs(run["first_shard_submitted_s"]),
             fmt(run["driver_peak_rss_mb"], 0, " MB"),
             secs(run["merge_s"]),
@@ -423,7 +425,7 @@ def corpus_scale_section(data: dict[str, Any]) -> Lines:
         ]
         for run in data["runs"]
     ]
-    header = ["utterances", "first shard", "driver RSS", "merge", "merge RSS", "resume"]
+    header = ["utterances", "utt2dur", "shard size", "first shard", "driver RSS", "merge", "merge RSS"]
     return [
         "## Corpus scale",
         "",
@@ -431,7 +433,7 @@ def corpus_scale_section(data: dict[str, Any]) -> Lines:
         f"distinct short clips, ops {data['ops']}, {data['workers']} local workers, tiny stand-ins; the "
         "plain loop is 2 processes over the same clips, in the same run.",
         "",
-        *table([*header, "audio s/s: voxmill / plain loop", "ratio"], rows),
+        *table([*header, "resume", "audio s/s: voxmill / plain loop", "ratio"], rows),
     ]
 
 

@@ -1022,6 +1022,19 @@ def auto_shard_size(n_utts: int, workers: int, largest: int, shards_per_worker: 
     return max(1, min(largest, wanted))
 
 
+def shard_size_for_durations(mean_s: float, smallest: int, seconds: float, largest: int) -> int:
+    """Utterances per shard when the listing gives durations: `smallest`, or more for short clips,
+    so that a shard holds about `seconds` of audio (at most `largest` utterances).
+
+    A shard pays a fixed cost (its task, its file, the driver's bookkeeping): 32 clips of 1 s
+    on fast models are a few hundred ms of work, so that cost is a fifth of it; 32 clips of
+    10 s are not worth cutting larger.
+    """
+    if seconds <= 0 or mean_s <= 0:
+        return smallest
+    return max(smallest, min(largest, round(seconds / mean_s)))
+
+
 def check_ops(ops: Sequence[str], shard_size: int) -> None:
     """Refuse unknown or repeated ops and a shard size below 1."""
     if shard_size < 1:

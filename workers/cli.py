@@ -301,8 +301,9 @@ def extract(
     shard_size: int = typer.Option(
         0,
         "--shard-size",
-        help="Utterances per shard task; default: the shard_size setting, fewer for a small corpus so "
-        "that every worker gets several shards.",
+        help="Utterances per shard task; default: the shard_size setting, more for short clips when "
+        "the listing gives durations (shard_seconds of audio), fewer for a small corpus so that "
+        "every worker gets several shards.",
         show_default=False,
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.corpus import auto_shard_size
+from pipeline.corpus import auto_shard_size, shard_size_for_durations
 from pipeline.settings import Settings
 from workers.corpus.plan import Planner, PlanReader, RunError
 
@@ -26,11 +26,17 @@ def shard_sizes(out: Path) -> list[int]:
     return [len(utts) for _, utts in PlanReader(out).shards()]
 
 
-def manifest(tmp_path: Path, count: int, name: str = "corpus.jsonl") -> Path:
+def manifest(
+    tmp_path: Path, count: int, name: str = "corpus.jsonl", duration: float | None = None
+) -> Path:
     path = tmp_path / name
-    path.write_text(
-        "".join(json.dumps({"utt": f"u{i:05d}", "path": f"/a/u{i}.wav"}) + "\n" for i in range(count))
-    )
+    lines = []
+    for i in range(count):
+        line: dict[str, object] = {"utt": f"u{i:05d}", "path": f"/a/u{i}.wav"}
+        if duration is not None:
+            line["duration"] = duration
+        lines.append(json.dumps(line) + "\n")
+    path.write_text("".join(lines))
     return path
 
 
@@ -53,6 +59,42 @@ def test_an_automatic_plan_is_cut_for_the_workers_and_resumed_whatever_their_num
     assert shard_sizes(tmp_path / "fixed") == [16, 16, 16, 12]
     plan_for(source, tmp_path / "remote", ["embed"], 0, settings, workers=None)
     assert shard_sizes(tmp_path / "remote") == [32, 28]
+
+
+def test_shards_of_short_listed_clips_hold_about_shard_seconds_of_audio() -> None:
+    assert shard_size_for_durations(1.2, smallest=32, seconds=300, largest=4096) == 250
+    assert shard_size_for_durations(10.0, smallest=32, seconds=300, largest=4096) == 32  # never fewer
+    assert shard_size_for_durations(0.01, smallest=32, seconds=300, largest=4096) == 4096
+    assert shard_size_for_durations(1.2, smallest=32, seconds=0, largest=4096) == 32  # off
+    assert shard_size_for_durations(0.0, smallest=32, seconds=300, largest=4096) == 32
+
+
+def test_a_listing_with_durations_is_cut_by_audio_seconds_and_resumed_as_it_was(tmp_path: Path) -> None:
+    settings = Settings(shard_size=32, shard_seconds=100.0)
+    short = manifest(tmp_path, 5000, "short.jsonl", duration=0.5)
+    plan_for(short, tmp_path / "short", ["embed"], 0, settings, workers=2)
+    assert shard_sizes(tmp_path / "short") == [200] * 25
+    # Each chunk of the plan stays about 8192 utterances, however large the shards.
+    big = Settings(shard_size=32, shard_seconds=2048.0)
+    plan_for(manifest(tmp_path, 20_000, "big.jsonl", 0.5), tmp_path / "big", ["embed"], 0, big, None)
+    assert shard_sizes(tmp_path / "big") == [4096] * 4 + [3616]
+    assert json.loads((tmp_path / "big" / "plan" / "header.json").read_text())["shards_per_chunk"] == 2
+    assert len(list((tmp_path / "big" / "plan").glob("chunk-*.parquet"))) == 3
+    # A resume keeps the plan on disk, whatever shard_seconds says now.
+    plan_for(short, tmp_path / "short", ["embed"], 0, Settings(shard_size=32, shard_seconds=10.0), 2)
+    assert shard_sizes(tmp_path / "short") == [200] * 25
+    # Long clips, a fixed size, the setting off, or no durations: by count, as always.
+    plan_for(manifest(tmp_path, 500, "long.jsonl", 8.0), tmp_path / "long", ["embed"], 0, settings, 2)
+    assert set(shard_sizes(tmp_path / "long")[:-1]) == {32}
+    plan_for(short, tmp_path / "fixed", ["embed"], 16, settings, workers=2)
+    assert set(shard_sizes(tmp_path / "fixed")[:-1]) == {16}
+    plan_for(short, tmp_path / "off", ["embed"], 0, Settings(shard_size=32, shard_seconds=0), 2)
+    assert set(shard_sizes(tmp_path / "off")[:-1]) == {32}
+    plan_for(manifest(tmp_path, 5000), tmp_path / "unlisted", ["embed"], 0, settings, workers=2)
+    assert set(shard_sizes(tmp_path / "unlisted")[:-1]) == {32}
+    # A small listed corpus is still cut so that each of the 2 workers gets 6 shards.
+    plan_for(manifest(tmp_path, 600, "small.jsonl", 0.5), tmp_path / "small", ["embed"], 0, settings, 2)
+    assert shard_sizes(tmp_path / "small") == [50] * 12
 
 
 def test_a_large_listing_is_cut_in_listing_order_across_chunks(tmp_path: Path) -> None:

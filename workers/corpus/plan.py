@@ -6,15 +6,17 @@ prefix in an object store, `s3://bucket/run/`: each file is then one object, one
 
 - `header.json`: the input, the ops, the shard size asked for and the one used, the run's name,
   and the ops its tasks run when not those (`tasks`: both ops as one `extract` task, `task_ops`);
-- `chunk-NNNNNN.parquet`: the utterances of `SHARDS_PER_CHUNK` consecutive shards (shard, utt,
-  path, spk, text, listed duration) and, in its metadata, each shard's digest;
+- `chunk-NNNNNN.parquet`: the utterances (shard, utt, path, spk, text, listed duration) of the
+  header's `shards_per_chunk` consecutive shards (`SHARDS_PER_CHUNK`; fewer for shards of more
+  than 32 utterances, about `CHUNK_UTTERANCES` in all) and, in its metadata, each shard's digest;
 - `complete.json`: written once the whole listing was read without a problem: the counts, the
   fingerprint (the header's fields and every shard's digest) and, for a local Kaldi dir or
   manifest, the digest of its files (`pipeline.corpus.listing_digest`): a resume of a complete
   plan whose listing files are unchanged takes the plan as it is, without reading the listing.
 
 A `Planner` reads the listing in a thread, cuts it into shards by count in listing order
-(`pipeline.corpus.ShardCutter`), and writes chunk after chunk; the driver takes the shards of the
+(`pipeline.corpus.ShardCutter`; the header's shard size, chosen once from the first utterances
+and kept by every resume), and writes chunk after chunk; the driver takes the shards of the
 chunks written so far (`PlanReader`), so the first shards go out while the rest of the listing
 is still being read. Shard k is always the same utterances for the same listing, so a resume
 plans again and compares each shard's digest with the one on disk: a different corpus in the
@@ -59,6 +61,7 @@ from pipeline.corpus import (
     check_ops,
     listing_digest,
     shard_digest,
+    shard_size_for_durations,
 )
 from pipeline.errors import VoxmillError
 from pipeline.records import ShardSpec, Utterance
@@ -77,8 +80,11 @@ UNIT_TAR = "tar"
 UNIT_UTTERANCE = "utterance"
 PLAN_VERSION = 2
 SHARDS_PER_CHUNK = 256
+CHUNK_UTTERANCES = 8192  # what the planner, and the driver reading the plan, hold of it at a time
 DIGESTS_KEY = b"voxmill.shard_digests"
 SHARDS_PER_WORKER = 6  # a small corpus is cut so that every worker process gets this many shards
+DURATION_SAMPLE = 1000  # the first utterances, whose mean duration sizes the shards (shard_seconds)
+MAX_SHARD_SIZE = 4096
 
 
 class RunError(Exception):
@@ -96,6 +102,7 @@ class PlanHeader:
     run: str
     unit: str = UNIT_UTTERANCE  # what a shard is made of: utterances, or one tar
     tasks: list[str] | None = None  # the ops the shard tasks run, when not `ops` (`task_ops`)
+    shards_per_chunk: int = SHARDS_PER_CHUNK
 
     @property
     def tars(self) -> bool:
@@ -118,6 +125,8 @@ class PlanHeader:
             data["unit"] = self.unit
         if self.tasks and self.tasks != self.ops:
             data["tasks"] = self.tasks
+        if self.shards_per_chunk != SHARDS_PER_CHUNK:
+            data["shards_per_chunk"] = self.shards_per_chunk
         return data
 
     @classmethod
@@ -130,6 +139,7 @@ class PlanHeader:
             str(data["run"]),
             str(data.get("unit") or UNIT_UTTERANCE),
             list(data["tasks"]) if data.get("tasks") else None,
+            int(data.get("shards_per_chunk") or SHARDS_PER_CHUNK),
         )
 
 
@@ -311,6 +321,7 @@ class Planner:
         self.ops = list(tasks or ops)  # what its shard tasks run (a resume: what the plan says)
         self.requested = requested
         self.fixed_size = shard_size
+        self.shard_seconds = settings.shard_seconds
         self.workers = workers
         self.header: PlanHeader | None = self._existing_header()
         self.planned = 0  # shards whose chunk is on disk
@@ -386,7 +397,7 @@ class Planner:
             shard = cutter.add(utt)
             if shard is not None:
                 chunk.append(shard)
-                if len(chunk) == SHARDS_PER_CHUNK:
+                if len(chunk) == header.shards_per_chunk:
                     self._write_chunk(header, chunk, fingerprint)
                     chunk = []
         last = cutter.rest()
@@ -419,18 +430,17 @@ class Planner:
         return True
 
     def _new_header(self, utts: Iterator[Utterance], tars: bool) -> PlanHeader:
-        """The shard size: fixed, or (automatic) the settings', fewer when the whole corpus is so
-        small that the workers would get fewer than six shards each (read ahead to know). A tar
-        corpus: one tar per shard."""
+        """The shard size: fixed, or (automatic) the settings', more for short clips when the
+        listing gives durations (`shard_seconds` of audio, judged from the first utterances), fewer
+        when the whole corpus is so small that the workers would get fewer than six shards each
+        (read ahead to know). A tar corpus: one tar per shard."""
         size = 1 if tars else self.fixed_size or self.requested
-        if not tars and not self.fixed_size and self.workers:
-            enough = self.workers * SHARDS_PER_WORKER * self.requested
-            for utt in utts:
-                self._buffered.append(utt)
-                if len(self._buffered) >= enough:
-                    break
-            if len(self._buffered) < enough:
-                size = auto_shard_size(len(self._buffered), self.workers, self.requested, SHARDS_PER_WORKER)
+        if not tars and not self.fixed_size:
+            size = self._size_for_durations(utts)
+            if self.workers:
+                enough = self.workers * SHARDS_PER_WORKER * size
+                if not self._read_ahead(utts, enough):
+                    size = auto_shard_size(len(self._buffered), self.workers, size, SHARDS_PER_WORKER)
         header = PlanHeader(
             str(self.source),
             self.requested_ops,
@@ -439,6 +449,7 @@ class Planner:
             run_id(self.out_dir, self.source, self.requested_ops, self.requested),
             UNIT_TAR if tars else UNIT_UTTERANCE,
             self.ops,
+            max(1, min(SHARDS_PER_CHUNK, CHUNK_UTTERANCES // size)),
         )
         from pipeline.writers import write_text_at
 
@@ -446,12 +457,29 @@ class Planner:
         self.header = header
         return header
 
+    def _size_for_durations(self, utts: Iterator[Utterance]) -> int:
+        self._read_ahead(utts, DURATION_SAMPLE)
+        durations = [u.duration_s for u in self._buffered]
+        if not durations or None in durations:
+            return self.requested
+        mean_s = sum(d or 0.0 for d in durations) / len(durations)
+        return shard_size_for_durations(mean_s, self.requested, self.shard_seconds, MAX_SHARD_SIZE)
+
+    def _read_ahead(self, utts: Iterator[Utterance], count: int) -> bool:
+        """Buffer the listing up to `count` utterances; False when it ended before."""
+        while len(self._buffered) < count:
+            utt = next(utts, None)
+            if utt is None:
+                return False
+            self._buffered.append(utt)
+        return True
+
     def _write_chunk(self, header: PlanHeader, shards: list[list[Utterance]], fingerprint: Any) -> None:
         first = self.planned
         digests = [shard_digest(utts) for utts in shards]
         for digest in digests:
             fingerprint.update(digest.encode())
-        name = chunk_name(first // SHARDS_PER_CHUNK)
+        name = chunk_name(first // header.shards_per_chunk)
         if self.plan.exists(name):
             if read_chunk_digests(self.plan, name) != digests:
                 raise different_run(self.out_dir)
@@ -578,10 +606,10 @@ class PlanReader:
         return PlanHeader.from_dict(json.loads(self.plan.read_bytes(HEADER_FILE)))
 
     def shards(self) -> Iterator[tuple[int, list[Utterance]]]:
-        number = 0
+        number, per_chunk = 0, self.header().shards_per_chunk
         while True:
             if self.planner is not None:
-                self.planner.wait_for((number + 1) * SHARDS_PER_CHUNK, timeout_s=3600)
+                self.planner.wait_for((number + 1) * per_chunk, timeout_s=3600)
                 if self.planner.error is not None:
                     raise self.planner.error
             name = chunk_name(number)
