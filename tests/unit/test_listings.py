@@ -19,7 +19,7 @@ from pipeline.errors import BAD_REQUEST, EMPTY, NOT_FOUND, TOO_LARGE, TOO_LONG, 
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import AudioLimits, Settings
 from pipeline.tars import iter_samples, split_key
-from workers.corpus.driver import shards_to_look_at
+from workers.corpus.driver import InFlight, late_shards, shards_to_look_at
 from workers.corpus.plan import Planner, PlanReader
 
 
@@ -344,3 +344,21 @@ def test_shards_to_look_at_local_all_store_announced_plus_a_budget_in_turn() -> 
         looked, cursor = shards_to_look_at(names, set(), False, 3, cursor)
         seen.update(looked)
     assert seen == set(names)
+
+
+def test_late_shards_before_any_is_done_are_only_those_that_can_have_started() -> None:
+    def spec(n: int) -> ShardSpec:
+        return ShardSpec(shard=n, op="embed", out_dir="/out", utts=[Utterance(f"u{n}", "/a.wav")])
+
+    # Four shards sent at t=0 to 2 worker processes; shard 2 was sent again at t=50.
+    inflight = [
+        InFlight(spec(0), 0.0),
+        InFlight(spec(1), 0.0),
+        InFlight(spec(2), 50.0, 2),
+        InFlight(spec(3), 0.0),
+    ]
+    shards = [item.spec.shard for item in late_shards(inflight, 70.0, 60.0, running=None)]
+    assert shards == [0, 1, 3]  # a second attempt waits twice the deadline
+    # No shard done yet: shard 3 waits in the queue behind the 2 running; its wait is no loss.
+    assert [item.spec.shard for item in late_shards(inflight, 70.0, 60.0, running=2)] == [0, 1]
+    assert late_shards(inflight, 59.0, 60.0, running=2) == []

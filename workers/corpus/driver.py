@@ -6,7 +6,8 @@ shard, complete or absent). A shard is done when its file exists, whatever happe
 to its task. Its task announces it once, on the run's channel, with its counts; the driver
 listens, and every round it also looks for the files of the shards in flight, so a lost
 announcement costs at most `tuning.SHARD_LOOK_S`. A shard whose file has not appeared within its
-deadline (a few times the median shard time, at least a minute) is submitted again; a duplicate
+deadline (a few times the median shard time, at least a minute; before any shard is done, only
+the first shards in flight, one per ready worker process, can be late) is submitted again; a duplicate
 run of a shard rewrites identical data under the same name, and the merge reads each shard file
 once, so no utterance is ever counted twice.
 
@@ -117,6 +118,25 @@ def shards_to_look_at(
     return chosen + picked, (start + take) % len(others)
 
 
+def late_shards(
+    inflight: Sequence[InFlight], now: float, deadline_s: float, running: int | None
+) -> list[InFlight]:
+    """The shards in flight past their deadline (`deadline_s`, doubled with each new attempt).
+
+    `running`: before any shard of this run is done, only the first that many (one per ready
+    worker process) can have started; the others wait in the queue behind them, so their wait is
+    not yet a sign of loss (a first shard of minutes would otherwise be sent twice).
+    """
+    candidates = inflight if running is None else inflight[:running]
+    return [
+        item for item in candidates if now - item.submitted > attempt_deadline_s(deadline_s, item.attempts)
+    ]
+
+
+def attempt_deadline_s(deadline_s: float, attempts: int) -> float:
+    return deadline_s * float(min(2 ** (attempts - 1), tuning.MAX_DEADLINE_DOUBLINGS))
+
+
 class CorpusDriver:
     """Submits the shards of a plan to a cluster and follows them until every shard file exists."""
 
@@ -139,6 +159,7 @@ class CorpusDriver:
         self._plan_read = False
         self._redis_down_since: float | None = None
         self._window_size = 4
+        self._processes = 2  # ready worker processes, as last read
         self._window_read_at = -tuning.WINDOW_REFRESH_S
 
     def run(self) -> None:
@@ -213,9 +234,10 @@ class CorpusDriver:
         if now - self._window_read_at >= tuning.WINDOW_REFRESH_S:
             self._window_read_at = now
             try:
-                self._window_size = max(4, 2 * self.cluster.ready_workers(self.redis))
+                self._processes = self.cluster.ready_workers(self.redis)
             except redis.RedisError:
-                self._window_size = 4
+                self._processes = 2
+            self._window_size = max(4, 2 * self._processes)
         return self._window_size
 
     def _submit(self, spec: ShardSpec, attempts: int = 1) -> None:
@@ -249,14 +271,13 @@ class CorpusDriver:
         """Submit again every shard past its deadline; each new attempt waits twice as long."""
         base = self.ledger.deadline_s(self.settings.shard_deadline_min_s, self.settings.shard_deadline_factor)
         now = time.monotonic()
-        for item in list(self.ledger.inflight.values()):
-            deadline = base * min(2 ** (item.attempts - 1), tuning.MAX_DEADLINE_DOUBLINGS)
-            if now - item.submitted > deadline:
-                self.view.message(
-                    f"shard {item.spec.name} not done after {now - item.submitted:.0f} s "
-                    f"(deadline {deadline:.0f} s); submitting it again"
-                )
-                self._resubmit(item)
+        running = None if self.ledger.durations_s else max(1, self._processes)
+        for item in late_shards(list(self.ledger.inflight.values()), now, base, running):
+            self.view.message(
+                f"shard {item.spec.name} not done after {now - item.submitted:.0f} s "
+                f"(deadline {attempt_deadline_s(base, item.attempts):.0f} s); submitting it again"
+            )
+            self._resubmit(item)
 
     def _resubmit(self, item: InFlight) -> None:
         self.ledger.resubmitted += 1
