@@ -141,6 +141,9 @@ def stage_breakdown(
         shards = sorted(
             (r for r in records if r["kind"] == "shard" and r["utts"]), key=lambda r: r["write_start"]
         )
+        written = {(r["op"], r["shard"]): r["write_end"] for r in records if r["kind"] == "written"}
+        for shard in shards:  # a worker killed right after its last write: no end recorded
+            shard["write_end"] = written.get((shard["op"], shard["shard"]), shard["write_start"])
         models = [r for r in records if r["kind"] == "model"]
         model_s += sum(r["end"] - r["start"] for r in models)
         if not shards:

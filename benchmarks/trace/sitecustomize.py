@@ -7,11 +7,11 @@ three `pipeline` functions before `workers.queue.tasks` imports them, and append
 
 - `open_session`: when each model was loaded and warmed (wall clock);
 - `run_clip`: start and end of every utterance and its `timings_ms` stages;
-- `write_shard`: start and end of the shard file's write.
+- `write_shard`: start of the shard file's write (with the shard's utterances), then its end.
 
 With BENCH_TRACE_EACH=1 every `run_clip` call is written at once (single-audio tasks, no shards).
 
-Cost: two `time.time()` calls per utterance and one line written per shard.
+Cost: two `time.time()` calls per utterance and two lines written per shard.
 """
 
 from __future__ import annotations
@@ -70,21 +70,14 @@ def _install(trace_dir: str) -> None:
         return result
 
     def write_shard(out_dir, spec, results, *args, **kwargs):  # type: ignore[no-untyped-def]
-        started = time.time()
-        path = original_write(out_dir, spec, results, *args, **kwargs)
-        ended = time.time()
+        # The shard's record goes out before its file: once the last file exists, a finished run
+        # kills its workers at once, and a record written after it could be lost.
         utts = list(pending)
         pending.clear()
-        emit(
-            {
-                "kind": "shard",
-                "op": spec.op,
-                "shard": spec.shard,
-                "write_start": started,
-                "write_end": ended,
-                "utts": utts,
-            }
-        )
+        started = time.time()
+        emit({"kind": "shard", "op": spec.op, "shard": spec.shard, "write_start": started, "utts": utts})
+        path = original_write(out_dir, spec, results, *args, **kwargs)
+        emit({"kind": "written", "op": spec.op, "shard": spec.shard, "write_end": time.time()})
         return path
 
     inference.run_clip = run_clip

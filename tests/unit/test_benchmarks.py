@@ -93,8 +93,16 @@ def test_stage_breakdown_accounts_for_every_worker_second() -> None:
     traces = {
         1: [
             {"kind": "model", "start": 11.0, "end": 11.5},
-            {"kind": "shard", "write_start": 14.0, "write_end": 14.5, "utts": utts[:1]},
-            {"kind": "shard", "write_start": 16.0, "write_end": 16.5, "utts": [{**utts[1], "start": 15.0}]},
+            {"kind": "shard", "op": "embed", "shard": 0, "write_start": 14.0, "utts": utts[:1]},
+            {"kind": "written", "op": "embed", "shard": 0, "write_end": 14.5},
+            {
+                "kind": "shard",
+                "op": "embed",
+                "shard": 1,
+                "write_start": 16.0,
+                "utts": [{**utts[1], "start": 15.0}],
+            },
+            {"kind": "written", "op": "embed", "shard": 1, "write_end": 16.5},
         ],
         2: [],
     }
