@@ -413,7 +413,7 @@ def corpus_scale_section(data: dict[str, Any]) -> Lines:
     rows = [
         [
             f"{run['utterances']:,}",
-            {True: "yes", False: "no"}.get(run.get("durations_listed"), "no"),
+            "yes" if run.get("durations_listed") else "no",
             fmt(run.get("shard_size"), 0),
             secs(run["first_shard_submitted_s"]),
             fmt(run["driver_peak_rss_mb"], 0, " MB"),

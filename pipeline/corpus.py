@@ -1026,9 +1026,8 @@ def shard_size_for_durations(mean_s: float, smallest: int, seconds: float, large
     """Utterances per shard when the listing gives durations: `smallest`, or more for short clips,
     so that a shard holds about `seconds` of audio (at most `largest` utterances).
 
-    A shard pays a fixed cost (its task, its file, the driver's bookkeeping): 32 clips of 1 s
-    on fast models are a few hundred ms of work, so that cost is a fifth of it; 32 clips of
-    10 s are not worth cutting larger.
+    A shard pays a fixed cost (its task, its file, the driver's bookkeeping) that matters only
+    when its clips are short and the models fast (CHANGELOG 24).
     """
     if seconds <= 0 or mean_s <= 0:
         return smallest
