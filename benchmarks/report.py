@@ -163,6 +163,22 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
     if queue := results.get("queue-overhead"):
         p50 = queue["overhead_p50_ms"]
         out.append(("queue overhead per task, p50", p50, queue["target_p50_ms"], ms2, False))
+    if scale := results.get("corpus-scale"):
+        at = f"{scale['targets_at']:,} utterances"
+        shows: dict[str, tuple[str, Show]] = {
+            "first_shard_submitted_s": ("first shard submitted", secs),
+            "driver_peak_rss_mb": ("driver peak RSS", mb),
+            "merge_peak_rss_mb": ("merge peak RSS", mb),
+            "resume_s": ("resume of a finished run", secs),
+            "ratio_to_plain_loop": ("whole run / 2-process plain loop", ratio),
+        }
+        for key, goal in scale["targets"].items():
+            label, show = shows[key]
+            higher = key == "ratio_to_plain_loop"
+            out.append((f"corpus of {at}: {label}", goal["measured"], goal["target"], show, higher))
+    if (speech := results.get("speech-check-full")) and "target_embed_overhead" in speech:
+        overhead, goal = speech["whole_run"]["embed"]["overhead"], speech["target_embed_overhead"]
+        out.append(("speech check, share of an embed run", overhead, goal, pct, False))
     return out
 
 
@@ -457,6 +473,16 @@ def storage_section(data: dict[str, Any]) -> Lines:
 def speech_check_section(data: dict[str, Any]) -> Lines:
     clip = data["per_clip"]
     rows = [[op, fmt(clip[op]["ms_per_audio_s"], 3)] for op in ("speech", "embed", "tokenize")]
+    runs = [
+        [
+            op,
+            secs(run["wall_s_off"]),
+            secs(run["wall_s_on"]),
+            pct(run["overhead"]),
+            pct(run["overhead_of_medians"]),
+        ]
+        for op, run in data["whole_run"].items()
+    ]
     return [
         f"## Speech check ({data['profile']} models)",
         "",
@@ -466,6 +492,10 @@ def speech_check_section(data: dict[str, Any]) -> Lines:
         f"/ tokenize: {pct(clip['speech_vs_tokenize'])}.",
         "",
         *table(["stage", "ms per audio second"], rows),
+        f"Whole in-process runs over the clips, the check off and on, interleaved, {data['repeats']} "
+        "repeats each; the overhead from the best run of each, and from the medians.",
+        "",
+        *table(["op", "check off", "check on", "overhead", "overhead of medians"], runs),
     ]
 
 

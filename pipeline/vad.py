@@ -14,9 +14,13 @@ frame of 16 kHz audio. Framing, as silero-vad 6.2.3's `OnnxWrapper` (and its tor
 
 The graph opens with an STFT written as a convolution (258 filters: a periodic Hann window times
 the cosines and sines of a 256-point DFT, hop 128, over each row reflect-padded by 128, the first
-frame dropped: 4 frames of 129 magnitudes per row), a third of its time. `stft_magnitudes` does it
-with numpy's FFT instead, and the session runs the rest of the graph (`DETECTOR_FILE`, cut from
-the vendored file by `detector_graph`): probabilities within 1e-6 of the whole graph's.
+frame dropped: 4 frames of 129 magnitudes per row), then an encoder of four small convolutions
+(kernel 3) over those 4 frames, once per row. Run as convolutions, the two took four fifths of
+the graph's time: ONNX Runtime multiplies a row's few frames at a time. `stft_magnitudes` does
+the STFT with an FFT instead, and the session runs `DETECTOR_FILE`, derived from the vendored
+file by `detector_graph`: the same network from the magnitudes on, with each encoder convolution
+written as one matrix product over all the rows of a block (`conv1d_as_matrix`: the same weights,
+laid out for a 4-frame input). Probabilities are the whole graph's to float32 rounding.
 
 Speech segments follow Silero's `get_speech_timestamps_from_probs`, simplified to one rule:
 speech starts at a frame with p >= `threshold`; it ends where a run of frames below
@@ -48,13 +52,14 @@ from pipeline.settings import Settings
 MODEL_DIR = Path(__file__).resolve().parent / "models" / "silero_vad"
 MODEL_FILE = MODEL_DIR / "silero_vad_16k_sequence.onnx"  # the wheel's file, unchanged
 MODEL_SHA256 = "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85"
-DETECTOR_FILE = MODEL_DIR / "silero_vad_16k_sequence.after_stft.onnx"  # what runs: `detector_graph`
+DETECTOR_FILE = MODEL_DIR / "silero_vad_16k_sequence.detector.onnx"  # what runs: `detector_graph`
 RATE_HZ = 16000
 FRAME_SAMPLES = 512
 CONTEXT_SAMPLES = 64
 ROW_SAMPLES = CONTEXT_SAMPLES + FRAME_SAMPLES
 FRAME_S = FRAME_SAMPLES / RATE_HZ
-MAGNITUDES = "/stft/Sqrt_output_0"  # the graph's STFT magnitudes, where it is cut
+MAGNITUDES = "/stft/Sqrt_output_0"  # the graph's STFT magnitudes, where the encoder starts
+LSTM_INPUT = "/Transpose_output_0"  # the encoder's output, [frames, 1, 128]: the graph from here is kept
 STFT_SIZE = 256
 STFT_HOP = 128
 STFT_BINS = STFT_SIZE // 2 + 1
@@ -117,34 +122,108 @@ def frame_rows(wave: FloatArray) -> FloatArray:
 
 
 @functools.lru_cache(maxsize=1)
-def _hann() -> npt.NDArray[np.float64]:
-    return 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(STFT_SIZE) / STFT_SIZE)
+def _hann() -> FloatArray:
+    window = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(STFT_SIZE) / STFT_SIZE)
+    return window.astype(np.float32)
 
 
 def stft_magnitudes(rows: FloatArray) -> FloatArray:
-    """The STFT magnitudes the vendored graph computes first, float32 [rows, 129, 4].
+    """The STFT magnitudes the vendored graph computes first, float32 [rows, 4 frames, 129 bins].
 
     A row's frames start at samples 0, 128, 256 and 384 of it; the last one runs 64 samples past
     the row's end, into its reflection (the samples before the last one, in reverse).
     """
+    import scipy.fft  # float32 in and out (numpy's FFT computes in float64, twice the time)
+
     reflected = rows[:, ROW_SAMPLES - 2 : ROW_SAMPLES - 2 - STFT_OVERHANG : -1]
     extended = np.concatenate([rows, reflected], axis=1)
     frames = np.lib.stride_tricks.sliding_window_view(extended, STFT_SIZE, axis=1)[:, ::STFT_HOP]
-    magnitudes = np.abs(np.fft.rfft(frames * _hann(), axis=-1)).astype(np.float32)
-    return np.ascontiguousarray(magnitudes.transpose(0, 2, 1))
+    magnitudes: FloatArray = np.abs(scipy.fft.rfft(frames * _hann(), axis=-1))
+    return magnitudes
+
+
+def conv1d_as_matrix(weight: FloatArray, length: int, stride: int, pad: int) -> tuple[FloatArray, int]:
+    """A 1-D convolution (`weight` [out, in, kernel], zero padding) over `length` input steps as
+    one matrix, from the input [length * in] to the output [out_length * out], both flattened
+    time-major. Returns the matrix and out_length."""
+    out_channels, in_channels, kernel = weight.shape
+    out_length = (length + 2 * pad - kernel) // stride + 1
+    matrix = np.zeros((length, in_channels, out_length, out_channels), dtype=np.float32)
+    for t in range(out_length):
+        for k in range(kernel):
+            source = t * stride + k - pad
+            if 0 <= source < length:
+                matrix[source, :, t, :] = weight[:, :, k].T
+    return matrix.reshape(length * in_channels, out_length * out_channels), out_length
 
 
 def detector_graph(model: bytes) -> bytes:
-    """The vendored graph (`MODEL_FILE`'s bytes) from its STFT magnitudes on: `DETECTOR_FILE`."""
+    """`DETECTOR_FILE` from the vendored graph (`MODEL_FILE`'s bytes): its input the STFT
+    magnitudes [frames, 4, 129]; the encoder's convolutions as matrix products
+    (`_encoder_as_matrices`); the graph from the LSTM on as it is."""
     import onnx
     import onnx.utils
+    from onnx import helper
 
     graph = onnx.shape_inference.infer_shapes(onnx.load_from_string(model))
-    if MAGNITUDES not in {value.name for value in graph.graph.value_info}:
-        raise VoxmillError(errors.MODEL_ERROR, f"the model has no {MAGNITUDES} to cut it at")
-    inputs = [MAGNITUDES, *(i.name for i in graph.graph.input[1:])]
-    cut = onnx.utils.Extractor(graph).extract_model(inputs, [o.name for o in graph.graph.output])
-    return bytes(cut.SerializeToString())
+    if not {MAGNITUDES, LSTM_INPUT} <= {value.name for value in graph.graph.value_info}:
+        raise VoxmillError(errors.MODEL_ERROR, f"the model has no {MAGNITUDES} and {LSTM_INPUT} to cut at")
+    nodes, initializers = _encoder_as_matrices(graph.graph, "magnitudes", LSTM_INPUT)
+    states = [i.name for i in graph.graph.input[1:]]
+    outputs = [o.name for o in graph.graph.output]
+    tail = onnx.utils.Extractor(graph).extract_model([LSTM_INPUT, *states], outputs).graph
+    magnitudes = helper.make_tensor_value_info(
+        "magnitudes", onnx.TensorProto.FLOAT, ["frames", STFT_FRAMES, STFT_BINS]
+    )
+    derived = helper.make_graph(
+        [*nodes, *tail.node],
+        graph.graph.name,
+        [magnitudes, *tail.input[1:]],
+        list(tail.output),
+        [*initializers, *tail.initializer],
+    )
+    out = helper.make_model(derived, opset_imports=graph.opset_import, ir_version=graph.ir_version)
+    onnx.checker.check_model(out)
+    return bytes(out.SerializeToString())
+
+
+def _encoder_as_matrices(graph: Any, source: str, target: str) -> tuple[list[Any], list[Any]]:
+    """The nodes and weights from `source` (magnitudes [frames, 4, 129]) to `target` (the
+    encoder's output [frames, 1, channels]): each `/encoder` Conv + Relu as Gemm + Relu on its
+    weights laid out by `conv1d_as_matrix`, over a row's frames flattened time-major."""
+    from onnx import helper, numpy_helper
+
+    weights = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    convs = [node for node in graph.node if node.op_type == "Conv" and node.name.startswith("/encoder")]
+
+    def shape(name: str, dims: list[int]) -> Any:
+        return numpy_helper.from_array(np.array(dims, np.int64), name)
+
+    x, length = "/encoder/rows", STFT_FRAMES
+    nodes = [helper.make_node("Reshape", [source, "/encoder/rows_shape"], [x], name="/encoder/Reshape")]
+    initializers = [shape("/encoder/rows_shape", [-1, STFT_FRAMES * STFT_BINS])]
+    for conv in convs:
+        attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+        pads, strides = attrs.get("pads", [0, 0]), attrs.get("strides", [1])
+        if attrs.get("group", 1) != 1 or set(attrs.get("dilations", [1])) != {1} or pads[0] != pads[-1]:
+            raise VoxmillError(errors.MODEL_ERROR, f"{conv.name} is not a plain 1-D convolution")
+        matrix, length = conv1d_as_matrix(weights[conv.input[1]], length, strides[0], pads[0])
+        bias = np.tile(weights[conv.input[2]], length).astype(np.float32)
+        name = conv.name.rsplit("/", 1)[0]  # /encoder.0
+        initializers += [
+            numpy_helper.from_array(matrix, f"{name}/matrix"),
+            numpy_helper.from_array(bias, f"{name}/bias"),
+        ]
+        product = f"{name}/Gemm_output_0"
+        nodes += [
+            helper.make_node("Gemm", [x, f"{name}/matrix", f"{name}/bias"], [product], name=f"{name}/Gemm"),
+            helper.make_node("Relu", [product], [f"{name}/Relu_output_0"], name=f"{name}/Relu"),
+        ]
+        x = f"{name}/Relu_output_0"
+    channels = int(weights[convs[-1].input[1]].shape[0])
+    initializers.append(shape("/encoder/out_shape", [-1, 1, length * channels]))
+    nodes.append(helper.make_node("Reshape", [x, "/encoder/out_shape"], [target], name="/encoder/Out"))
+    return nodes, initializers
 
 
 def segments_from_probs(
@@ -203,13 +282,13 @@ class SpeechDetector:
             len(inputs) < 2
             or len(outputs) != len(inputs)
             or len(rows) != 3
-            or rows[1] != STFT_BINS
+            or list(rows[1:]) != [STFT_FRAMES, STFT_BINS]
             or not fixed_states
         ):
             raise VoxmillError(
                 errors.MODEL_ERROR,
                 f"{self.path.name} is not a Silero sequence VAD model after its STFT (magnitudes "
-                f"[frames, {STFT_BINS}, {STFT_FRAMES}] and a fixed-size recurrent state in and out); "
+                f"[frames, {STFT_FRAMES}, {STFT_BINS}] and a fixed-size recurrent state in and out); "
                 f"inputs {[(i.name, i.shape) for i in inputs]}",
             )
 

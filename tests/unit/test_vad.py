@@ -22,6 +22,7 @@ from pipeline.vad import (
     MODEL_SHA256,
     SpeechCheck,
     SpeechDetector,
+    conv1d_as_matrix,
     detector_graph,
     frame_rows,
     require_speech,
@@ -43,6 +44,9 @@ from tests.speech_audio import (
 )
 
 WHEEL_ENV = "VOXMILL_SILERO_WHEEL"
+# The detector's probabilities against the vendored graph's: the same weights and arithmetic, summed
+# in another order in float32 (its encoder as matrix products), so not bit for bit.
+PROBABILITY_TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +69,36 @@ def test_the_vendored_file_is_the_one_its_readme_names() -> None:
     assert (MODEL_FILE.parent / "LICENSE").read_text().startswith("MIT License")
 
 
-def test_the_detector_file_is_the_vendored_graph_after_its_stft() -> None:
+def test_the_detector_file_is_derived_from_the_vendored_graph() -> None:
     import onnx
 
     derived = onnx.load_from_string(detector_graph(MODEL_FILE.read_bytes()))
     assert onnx.load(str(DETECTOR_FILE)).graph == derived.graph
-    assert "Conv" not in {node.op_type for node in derived.graph.node if node.name.startswith("/stft")}
+    ops = [node.op_type for node in derived.graph.node]
+    assert not any(node.name.startswith("/stft") for node in derived.graph.node)
+    assert ops.count("Gemm") == 4 and ops.count("LSTM") == 1
+    assert ops.count("Conv") == 1  # the output's 1x1 convolution, after the LSTM, as it was
 
 
-def test_the_numpy_stft_gives_the_whole_vendored_graphs_probabilities(detector: SpeechDetector) -> None:
-    """The vendored graph run whole (its STFT a convolution) against the detector (numpy's FFT,
-    then the rest of the graph): the same probabilities to float32 rounding, across blocks."""
+@pytest.mark.parametrize(("length", "stride"), [(4, 1), (4, 2), (2, 2), (1, 1), (5, 2)])
+def test_a_convolution_as_one_matrix(length: int, stride: int) -> None:
+    rng = np.random.default_rng(length * 10 + stride)
+    weight = rng.normal(size=(6, 5, 3)).astype(np.float32)
+    x = rng.normal(size=(7, 5, length)).astype(np.float32)  # [batch, channels, time]
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1)))
+    out_length = (length + 2 - 3) // stride + 1
+    steps = [padded[:, :, t * stride : t * stride + 3] for t in range(out_length)]
+    expected = np.stack([np.einsum("bck,ock->bo", step, weight) for step in steps], axis=1)  # [b, t, out]
+    matrix, found_length = conv1d_as_matrix(weight, length, stride, 1)
+    assert found_length == out_length and matrix.shape == (length * 5, out_length * 6)
+    found = x.transpose(0, 2, 1).reshape(7, -1) @ matrix
+    np.testing.assert_allclose(found.reshape(7, out_length, 6), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_detector_gives_the_whole_vendored_graphs_probabilities(detector: SpeechDetector) -> None:
+    """The vendored graph run whole (its STFT and encoder convolutions) against the detector (an
+    FFT, then the derived graph's matrix products): the same probabilities to float32 rounding,
+    across blocks."""
     import onnxruntime as ort
 
     whole = ort.InferenceSession(str(MODEL_FILE), providers=["CPUExecutionProvider"])
@@ -100,7 +123,8 @@ def test_the_numpy_stft_gives_the_whole_vendored_graphs_probabilities(detector: 
     for wave in clips:
         found, expected = detector.probabilities(wave), whole_graph_probs(wave)
         assert found.shape == expected.shape and float(expected.max()) > 0.0
-        np.testing.assert_allclose(found, expected, rtol=0, atol=1e-5)
+        # float32 rounding in another order (measured at most 3.8e-05, on one frame of the speech)
+        np.testing.assert_allclose(found, expected, rtol=0, atol=PROBABILITY_TOLERANCE)
 
 
 def test_rows_are_512_new_samples_after_64_of_context() -> None:
@@ -287,4 +311,5 @@ def test_probabilities_match_the_frame_by_frame_model_of_the_wheel(
     if ESPEAK is not None:
         clips.append(np.tile(espeak_wave(), 5))  # 640 frames: across a block boundary
     for wave in clips:
-        np.testing.assert_allclose(detector.probabilities(wave), wrapper_probs(wave), rtol=0, atol=1e-5)
+        found = detector.probabilities(wave)
+        np.testing.assert_allclose(found, wrapper_probs(wave), rtol=0, atol=PROBABILITY_TOLERANCE)
