@@ -7,8 +7,8 @@ the run's process-seconds (wall x worker processes) into stages:
 
 - `startup`: from spawn until the worker's first utterance (driver start and planning, embedded
   Redis, Celery start, model load and warm-up);
-- `decode`, `resample`, `features` (log-mel or fbank), `inference`: the utterances' own stages
-  (`TaskResult.timings_ms`);
+- `decode`, `resample`, `speech` (the speech check), `features` (log-mel or fbank), `inference`:
+  the utterances' own stages (`TaskResult.timings_ms`);
 - `task_other`: inside a shard task but outside those stages (path checks, result records);
 - `write`: writing the shard file;
 - `queue_wait`: between two shard tasks of a worker (acknowledging, fetching and dispatching the
@@ -37,6 +37,7 @@ STAGES = (
     "startup",
     "decode",
     "resample",
+    "speech",
     "features",
     "inference",
     "task_other",
@@ -44,7 +45,16 @@ STAGES = (
     "queue_wait",
     "tail",
 )
-PER_UTTERANCE_STAGES = ("decode", "resample", "features", "inference", "task_other", "write", "queue_wait")
+PER_UTTERANCE_STAGES = (
+    "decode",
+    "resample",
+    "speech",
+    "features",
+    "inference",
+    "task_other",
+    "write",
+    "queue_wait",
+)
 
 
 def write_manifest(clips: Sequence[Clip], path: Path) -> Path:
@@ -80,13 +90,15 @@ def run_extract(
     threads: int = 1,
     shard_size: int | None = None,
     timeout_s: float = 3600,
+    settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One `voxmill extract` run in a fresh output folder."""
+    """One `voxmill extract` run in a fresh output folder (`settings`: `VOXMILL_*` variables)."""
     run_id = f"{'-'.join(ops)}-w{workers}-t{threads}-{uuid.uuid4().hex[:8]}"
     out_dir = RUNS_DIR / run_id
     trace_dir = RUNS_DIR / f"{run_id}-trace"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    env = child_env({"VOXMILL_INTRA_OP_THREADS": str(threads), "BENCH_TRACE_DIR": str(trace_dir)})
+    extra = {"VOXMILL_INTRA_OP_THREADS": str(threads), "BENCH_TRACE_DIR": str(trace_dir), **(settings or {})}
+    env = child_env(extra)
     env["PYTHONPATH"] = f"{TRACE_DIR}:{env['PYTHONPATH']}"
     argv = extract_command(manifest, out_dir, models, ops, workers, shard_size)
     spawned = time.time()
@@ -164,6 +176,7 @@ def stage_breakdown(
                 ms = utt["ms"]
                 totals["decode"] += ms.get("decode", 0.0) / 1000
                 totals["resample"] += ms.get("resample", 0.0) / 1000
+                totals["speech"] += ms.get("speech", 0.0) / 1000
                 totals["features"] += sum(ms.get(s, 0.0) for s in FEATURE_STAGES) / 1000
                 totals["inference"] += sum(ms.get(s, 0.0) for s in INFERENCE_STAGES) / 1000
                 staged += sum(ms.values()) / 1000

@@ -1,7 +1,9 @@
 """What the speech check costs: the speech detector per clip against the embed and tokenize per
-clip, and whole in-process runs over a corpus with the check on and off.
+clip, whole in-process runs over a corpus with the check on and off, and whole `voxmill extract`
+runs over the benchmark corpus with the check on and off.
 
     python -m benchmarks.speech_check [--profile tiny|full] [--clips N] [--repeats R] [--out FILE]
+                                      [--extract-ops embed,tokenize] [--extract-repeats R]
 
 The corpus is generated: `pipeline.demo.speechlike` clips, 1-20 s (log-uniform), written as 16 kHz
 16-bit WAV files, so a run decodes them as a worker does. Per clip, on the decoded wave: the
@@ -11,7 +13,14 @@ over every file for one op, the check off and on, interleaved, `repeats` times e
 from the best of each, and from the medians); the check on runs with
 `min_speech_ms` 0 so that no clip is refused (speechlike clips are not speech to Silero, and a
 refused clip would skip the model and make the check look free). One process, one thread, as
-one worker process runs. Results: benchmarks/results/speech-check[-full].json.
+one worker process runs.
+
+The extract runs (`--extract-ops`, none with `--extract-ops ''`): `voxmill extract` over the main
+benchmark corpus (`benchmarks.run`'s: 240 clips of 1-25 s in mixed formats and rates), the
+profile's stand-ins, one op, 2 local workers, as whole processes timed from outside; the check off
+and on (`min_speech_ms` 0 again), interleaved, `--extract-repeats` times each. They say what the
+check costs a corpus run: its wall time, and the detector's share of the workers' process-seconds
+(the `speech` stage of the worker trace). Results: benchmarks/results/speech-check[-full].json.
 """
 
 from __future__ import annotations
@@ -27,7 +36,9 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from benchmarks.common import load_average, machine_info, summary
+from benchmarks import corpus as benchmark_corpus
+from benchmarks.common import load_average, machine_info, prime_model_cache, summary
+from benchmarks.extract_run import RUNS_DIR, run_extract, write_manifest
 from pipeline.demo import speechlike
 from pipeline.inference import embed, open_session, run_clip, tokenize
 from pipeline.registry import Registry
@@ -39,6 +50,8 @@ from pipeline.vad import SpeechCheck, shared_detector
 RESULTS = Path(__file__).resolve().parent / "results"
 RATE = 16000
 TARGET_EMBED_OVERHEAD = 0.03  # issue 20: the check under 3 % of an embed run's wall time
+MAIN_CORPUS = benchmark_corpus.CorpusRecipe("main", 240, 1.0, 25.0)  # benchmarks.run's main corpus
+EXTRACT_WORKERS = 2
 
 
 def make_corpus(folder: Path, clips: int, seed: int = 0) -> list[Path]:
@@ -112,13 +125,56 @@ def whole_runs(sessions: dict[str, Any], paths: list[Path], repeats: int) -> dic
     return out
 
 
+def extract_runs(profile: str, ops: list[str], repeats: int) -> dict[str, Any]:
+    """`voxmill extract` over the main benchmark corpus per op, the check off and on (interleaved)."""
+    clips = benchmark_corpus.make_corpus(MAIN_CORPUS)
+    manifest = write_manifest(clips, RUNS_DIR / "speech-check.jsonl")
+    models = prime_model_cache(benchmark_corpus.make_models(profile))
+    checks = {
+        "off": {"VOXMILL_SPEECH_CHECK": "false"},
+        "on": {"VOXMILL_SPEECH_CHECK": "true", "VOXMILL_MIN_SPEECH_MS": "0"},
+    }
+    out: dict[str, Any] = {
+        "corpus": {
+            "recipe": MAIN_CORPUS.name,
+            "clips": len(clips),
+            "audio_s": round(sum(c.duration_s for c in clips), 1),
+        },
+        "workers": EXTRACT_WORKERS,
+        "repeats": repeats,
+    }
+    for op in ops:
+        walls: dict[str, list[float]] = {"off": [], "on": []}
+        speech_share: list[float] = []
+        for _ in range(repeats):
+            for name, settings in checks.items():
+                run = run_extract(manifest, models, [op], EXTRACT_WORKERS, settings=settings)
+                walls[name].append(run["wall_s"])
+                if name == "on":
+                    speech_share.append(run["stages"]["share_of_wall"]["speech"])
+        off, on = min(walls["off"]), min(walls["on"])
+        out[op] = {
+            "wall_s_off": summary(walls["off"]),
+            "wall_s_on": summary(walls["on"]),
+            "overhead": round(on / off - 1.0, 4),
+            "overhead_of_medians": round(
+                statistics.median(walls["on"]) / statistics.median(walls["off"]) - 1.0, 4
+            ),
+            "speech_share_of_worker_time": summary(speech_share),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=("tiny", "full"), default="tiny")
     parser.add_argument("--clips", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--extract-ops", default="embed,tokenize", help="ops of the extract runs ('': none)")
+    parser.add_argument("--extract-repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    extract_ops = [op for op in args.extract_ops.split(",") if op]
     out = args.out or RESULTS / ("speech-check.json" if args.profile == "tiny" else "speech-check-full.json")
     with tempfile.TemporaryDirectory(prefix="voxmill-speech-bench-") as tmp:
         folder = Path(tmp)
@@ -150,13 +206,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "per_clip": per_clip(sessions, waves, args.repeats),
             "whole_run": whole_runs(sessions, paths, args.repeats),
             "target_embed_overhead": TARGET_EMBED_OVERHEAD,
-            "load_average_after": load_average(),
         }
+    if extract_ops:
+        result["extract"] = extract_runs(args.profile, extract_ops, args.extract_repeats)
+    result["load_average_after"] = load_average()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(
         json.dumps(
-            {k: result[k] for k in ("profile", "corpus", "detector", "per_clip", "whole_run")}, indent=1
+            {k: result.get(k) for k in ("profile", "corpus", "detector", "per_clip", "whole_run", "extract")},
+            indent=1,
         )
     )
     print(f"written to {out}")

@@ -87,7 +87,7 @@ def test_stage_breakdown_accounts_for_every_worker_second() -> None:
             "utt": "b",
             "start": 13.0,
             "end": 14.0,
-            "ms": {"decode": 100, "resample": 50, "fbank": 50, "embed": 800},
+            "ms": {"decode": 100, "resample": 50, "speech": 30, "fbank": 50, "embed": 770},
         },
     ]
     traces = {
@@ -109,7 +109,8 @@ def test_stage_breakdown_accounts_for_every_worker_second() -> None:
     result = stage_breakdown(traces, spawned=10.0, ended=20.0, workers=2)
     seconds = result["process_s"]
     assert seconds["startup"] == pytest.approx(2.0)
-    assert seconds["inference"] == pytest.approx(1.5)
+    assert seconds["inference"] == pytest.approx(1.47)
+    assert seconds["speech"] == pytest.approx(0.03)
     assert seconds["queue_wait"] == pytest.approx(0.5)
     assert seconds["write"] == pytest.approx(1.0)
     assert seconds["tail"] == pytest.approx(3.5 + 10.0)
@@ -139,6 +140,28 @@ def test_targets_table_gives_a_verdict_per_target() -> None:
         "| queue overhead per task, p50 | 6.50 ms (6.00–7.00) | ≤ 5.00 ms | **not met** |",
     ]
     assert targets_section({}) == []
+
+
+def test_targets_table_has_the_corpus_scale_and_speech_check_targets() -> None:
+    scale = {
+        "targets_at": 1_000_000,
+        "targets": {
+            "driver_peak_rss_mb": {"target": 400.0, "measured": 223.4, "met": True},
+            "ratio_to_plain_loop": {"target": 0.8, "measured": 0.79, "met": False},
+        },
+    }
+    speech = {
+        "target_embed_overhead": 0.03,
+        "whole_run": {"embed": {"overhead": 0.053}},
+        "extract": {"embed": {"overhead": 0.021}},
+    }
+    rows = targets_section({"corpus-scale": scale, "speech-check-full": speech})[4:-1]
+    assert rows == [
+        "| corpus of 1,000,000 utterances: driver peak RSS | 223 MB | ≤ 400 MB | met |",
+        "| corpus of 1,000,000 utterances: whole run / 2-process plain loop | 0.790 | ≥ 0.800 | **not met** |",
+        "| speech check: embed `voxmill extract` runs, on / off − 1 | 2.1 % | ≤ 3.0 % | met |",
+        "| speech check: embed in-process loop, on / off − 1 | 5.3 % | ≤ 3.0 % | **not met** |",
+    ]
 
 
 def test_the_sampler_knows_the_processes_of_a_run() -> None:
