@@ -418,7 +418,9 @@ class _SideFile:
     Values are read ahead only until the wanted utt: when the file lists utts in `wav.scp`'s order
     nothing is held; lines met out of that order wait in `aside` until their utt comes (at worst
     the whole file, as a plain dict would hold it). When both files are sorted, the read stops at
-    the first utt that sorts after the wanted one, so an utt the file lacks costs nothing.
+    the first utt that sorts after the wanted one, so an utt the file lacks costs nothing. Whether
+    the file is sorted is read (the whole file, once) only when that question first comes up: a
+    file in `wav.scp`'s order never asks it, so the first utterances come without reading it.
     """
 
     def __init__(self, file: Path, problems: _Problems, shape: str, *, single_word: bool) -> None:
@@ -428,11 +430,16 @@ class _SideFile:
         self.single_word = single_word
         self.exists = file.exists()
         self.aside: dict[str, tuple[str, int]] = {}
-        self.sorted = self.exists and _keys_sorted(file)
+        self._sorted: bool | None = None
         self._lines = _lines(file, problems) if self.exists else iter(())
         self._peeked: tuple[str, str, int] | None = None
         self._last_key = ""
         self._last_line = 0
+
+    def sorted(self) -> bool:
+        if self._sorted is None:
+            self._sorted = _keys_sorted(self.file)
+        return self._sorted
 
     def value(self, utt: str) -> str | None:
         """The value listed for `utt`, or None when the file does not list it."""
@@ -444,7 +451,7 @@ class _SideFile:
             key, value, number = entry
             if key == utt:
                 return value
-            if self.sorted and key > utt:
+            if key > utt and self.sorted():
                 self._peeked = entry  # every later key sorts after `utt` too: it is not listed
                 return None
             self._keep_aside(key, value, number)

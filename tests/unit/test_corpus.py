@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import corpus
 from pipeline.corpus import CorpusError, CorpusListing, ShardCutter, check_ops, read_corpus, shard_digest
 from pipeline.errors import BAD_REQUEST, VoxmillError
 from pipeline.records import Utterance
@@ -231,6 +232,26 @@ def test_sorted_side_files_are_joined_holding_nothing_aside(tmp_path: Path) -> N
         assert utt.spk == (f"s{int(utt.utt[1:]) % 7}" if int(utt.utt[1:]) % 2 == 0 else utt.utt)
     listing.raise_problems()
     assert listing.count == count
+
+
+def test_side_files_in_the_listings_order_are_not_read_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first utterance comes without reading any side file in whole (whether it is sorted is
+    asked only when a side file lacks an utt or lists it out of order)."""
+    count = 500
+    _write(tmp_path / "wav.scp", "".join(f"u{i:05d} /x/{i}.wav\n" for i in range(count)))
+    _write(tmp_path / "utt2spk", "".join(f"u{i:05d} s{i % 7}\n" for i in range(count)))
+    _write(tmp_path / "utt2dur", "".join(f"u{i:05d} 1.5\n" for i in range(count)))
+    asked: list[Path] = []
+    keys_sorted = corpus._keys_sorted
+    monkeypatch.setattr(corpus, "_keys_sorted", lambda file: asked.append(file) or keys_sorted(file))
+    utts = list(CorpusListing(tmp_path))
+    assert len(utts) == count and utts[3].spk == "s3" and utts[3].duration_s == 1.5
+    assert asked == []
+    _write(tmp_path / "utt2spk", "".join(f"u{i:05d} s{i % 7}\n" for i in range(0, count, 2)))
+    assert [u.spk for u in CorpusListing(tmp_path)][:3] == ["s0", "u00001", "s2"]
+    assert asked == [tmp_path / "utt2spk"]  # asked once, at the first utt the file lacks
 
 
 def test_unsorted_side_files_still_join(tmp_path: Path) -> None:
