@@ -70,6 +70,10 @@ class Clip:
     channels: int
 
 
+# The main benchmark corpus (`make bench`'s main sections, the speech check's extract runs).
+MAIN_CORPUS = CorpusRecipe("main", 240, 1.0, 25.0)
+
+
 def draw_durations(recipe: CorpusRecipe) -> list[float]:
     """The clip durations of `recipe` (seconds, rounded to 10 ms)."""
     rng = np.random.default_rng(recipe.seed)

@@ -45,16 +45,7 @@ STAGES = (
     "queue_wait",
     "tail",
 )
-PER_UTTERANCE_STAGES = (
-    "decode",
-    "resample",
-    "speech",
-    "features",
-    "inference",
-    "task_other",
-    "write",
-    "queue_wait",
-)
+PER_UTTERANCE_STAGES = tuple(s for s in STAGES if s not in ("startup", "tail"))
 
 
 def write_manifest(clips: Sequence[Clip], path: Path) -> Path:

@@ -477,16 +477,7 @@ def storage_section(data: dict[str, Any]) -> Lines:
 def speech_check_section(data: dict[str, Any]) -> Lines:
     clip = data["per_clip"]
     rows = [[op, fmt(clip[op]["ms_per_audio_s"], 3)] for op in ("speech", "embed", "tokenize")]
-    runs = [
-        [
-            op,
-            secs(run["wall_s_off"]),
-            secs(run["wall_s_on"]),
-            pct(run["overhead"]),
-            pct(run["overhead_of_medians"]),
-        ]
-        for op, run in data["whole_run"].items()
-    ]
+    runs = [[op, *on_off_cells(run)] for op, run in data["whole_run"].items()]
     return [
         f"## Speech check ({data['profile']} models)",
         "",
@@ -504,21 +495,17 @@ def speech_check_section(data: dict[str, Any]) -> Lines:
     ]
 
 
+def on_off_cells(run: dict[str, Any]) -> list[str]:
+    """A speech-check comparison's walls off and on, and its overheads (`speech_check.on_off`)."""
+    walls = [secs(run["wall_s_off"]), secs(run["wall_s_on"])]
+    return [*walls, pct(run["overhead"]), pct(run["overhead_of_medians"])]
+
+
 def speech_check_extract_lines(extract: dict[str, Any] | None) -> Lines:
     if not extract:
         return []
     ops = [op for op in ("embed", "tokenize") if op in extract]
-    rows = [
-        [
-            op,
-            secs(extract[op]["wall_s_off"]),
-            secs(extract[op]["wall_s_on"]),
-            pct(extract[op]["overhead"]),
-            pct(extract[op]["overhead_of_medians"]),
-            pct(extract[op]["speech_share_of_worker_time"]),
-        ]
-        for op in ops
-    ]
+    rows = [[op, *on_off_cells(extract[op]), pct(extract[op]["speech_share_of_worker_time"])] for op in ops]
     corpus = extract["corpus"]
     return [
         f"`voxmill extract` over the main benchmark corpus ({corpus['clips']} clips, "

@@ -50,6 +50,7 @@ from benchmarks.common import (
     write_result,
 )
 from benchmarks.corpus import (
+    MAIN_CORPUS,
     WORK_DIR,
     Clip,
     CorpusRecipe,
@@ -97,7 +98,7 @@ class Config:
             repeats=repeats or 3,
             workers=workers,
             profile="full",
-            main=CorpusRecipe("main", 240, 1.0, 25.0),
+            main=MAIN_CORPUS,
             issue4=CorpusRecipe("issue4", 200, 1.0, 20.0, "uniform", seed=4),
             scaling_clips=60,
             queue_tasks=1000,

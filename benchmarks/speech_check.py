@@ -50,7 +50,6 @@ from pipeline.vad import SpeechCheck, shared_detector
 RESULTS = Path(__file__).resolve().parent / "results"
 RATE = 16000
 TARGET_EMBED_OVERHEAD = 0.03  # issue 20: the check under 3 % of an embed run's wall time
-MAIN_CORPUS = benchmark_corpus.CorpusRecipe("main", 240, 1.0, 25.0)  # benchmarks.run's main corpus
 EXTRACT_WORKERS = 2
 
 
@@ -111,23 +110,28 @@ def whole_runs(sessions: dict[str, Any], paths: list[Path], repeats: int) -> dic
                 assert all(r.error is None for r in results), [r.error for r in results if r.error][:3]
                 if check is not None:
                     speech_ms += [r.timings_ms.get("speech", 0.0) for r in results]
-        # The best of the repeats: on two shared cores the others' load only ever adds time.
-        off, on = min(walls["off"]), min(walls["on"])
         out[op] = {
-            "wall_s_off": summary(walls["off"]),
-            "wall_s_on": summary(walls["on"]),
-            "overhead": round(on / off - 1.0, 4),
-            "overhead_of_medians": round(
-                statistics.median(walls["on"]) / statistics.median(walls["off"]) - 1.0, 4
-            ),
+            **on_off(walls),
             "speech_ms_per_utterance_median": round(statistics.median(speech_ms), 3),
         }
     return out
 
 
+def on_off(walls: dict[str, list[float]]) -> dict[str, Any]:
+    """Walls of the check "off" and "on", and the overhead from the best run of each (on two
+    shared cores the others' load only ever adds time) and from the medians."""
+    off, on = walls["off"], walls["on"]
+    return {
+        "wall_s_off": summary(off),
+        "wall_s_on": summary(on),
+        "overhead": round(min(on) / min(off) - 1.0, 4),
+        "overhead_of_medians": round(statistics.median(on) / statistics.median(off) - 1.0, 4),
+    }
+
+
 def extract_runs(profile: str, ops: list[str], repeats: int) -> dict[str, Any]:
     """`voxmill extract` over the main benchmark corpus per op, the check off and on (interleaved)."""
-    clips = benchmark_corpus.make_corpus(MAIN_CORPUS)
+    clips = benchmark_corpus.make_corpus(benchmark_corpus.MAIN_CORPUS)
     manifest = write_manifest(clips, RUNS_DIR / "speech-check.jsonl")
     models = prime_model_cache(benchmark_corpus.make_models(profile))
     checks = {
@@ -136,7 +140,7 @@ def extract_runs(profile: str, ops: list[str], repeats: int) -> dict[str, Any]:
     }
     out: dict[str, Any] = {
         "corpus": {
-            "recipe": MAIN_CORPUS.name,
+            "recipe": benchmark_corpus.MAIN_CORPUS.name,
             "clips": len(clips),
             "audio_s": round(sum(c.duration_s for c in clips), 1),
         },
@@ -152,16 +156,7 @@ def extract_runs(profile: str, ops: list[str], repeats: int) -> dict[str, Any]:
                 walls[name].append(run["wall_s"])
                 if name == "on":
                     speech_share.append(run["stages"]["share_of_wall"]["speech"])
-        off, on = min(walls["off"]), min(walls["on"])
-        out[op] = {
-            "wall_s_off": summary(walls["off"]),
-            "wall_s_on": summary(walls["on"]),
-            "overhead": round(on / off - 1.0, 4),
-            "overhead_of_medians": round(
-                statistics.median(walls["on"]) / statistics.median(walls["off"]) - 1.0, 4
-            ),
-            "speech_share_of_worker_time": summary(speech_share),
-        }
+        out[op] = {**on_off(walls), "speech_share_of_worker_time": summary(speech_share)}
     return out
 
 
