@@ -30,3 +30,6 @@ ASIDE = PREFIX + ":aside:{host}"
 # A corpus run's progress as its driver publishes it (JSON; expires soon after the driver stops).
 RUN_PROGRESS = PREFIX + ":run:{run}:progress"
 RUN_PROGRESS_PATTERN = PREFIX + ":run:*:progress"
+# List of the messages workers refused (`workers.queue.admission.DeadLetter` as JSON), newest
+# first, capped (`workers.queue.consumer.DEAD_LETTERS_KEPT`).
+DEAD_LETTERS = PREFIX + ":dead-letters"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import importlib
 import logging
@@ -32,6 +33,7 @@ from typing import Any
 from celery import Celery, signals
 
 from pipeline.inference import SERVING_IMPORTS
+from pipeline.paths import Roots
 from pipeline.providers import CPU, choose_providers
 from pipeline.records import ROLES_BY_OP
 from pipeline.registry import Registry
@@ -43,6 +45,7 @@ from workers.observe import metrics
 from workers.observe.logs import setup_logging
 from workers.observe.metrics import Metrics, NoMetrics
 from workers.queue.app import create_app
+from workers.queue.consumer import VoxmillConsumer
 from workers.queue.tasks import register_tasks
 from workers.reload.coordinator import ReloadCoordinator
 from workers.reload.holder import ModelHolder, ModelUnavailable
@@ -77,7 +80,7 @@ class WorkerProcess:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.roots = settings.roots()
+        self.roots = Roots.of(settings.roots())  # resolved once: a check walks a set, not every root
         self.limits = settings.audio_limits
         self.speech = SpeechCheck.from_settings(settings)
         self.queues: tuple[str, ...] = QUEUES
@@ -171,7 +174,7 @@ class WorkerProcess:
 def build_worker_app(settings: Settings) -> Celery:
     """The Celery app of a worker: `create_app`, the task handlers, and the hooks that load the
     models after fork (prefork, solo) or at worker start (threads)."""
-    app = create_app(settings)
+    app = create_app(settings, consumer=functools.partial(VoxmillConsumer, settings=settings))
     process = WorkerProcess(settings)
     register_tasks(app, process)
     install_hooks(app, settings, process)
@@ -196,9 +199,9 @@ def install_hooks(app: Celery, settings: Settings, process: WorkerProcess) -> No
 
     def on_ready(sender: Any = None, **_: Any) -> None:
         if settings.metrics_port and getattr(sender, "app", None) is app:
-            metrics.serve(settings.metrics_port)
+            metrics.serve(settings.metrics_port, settings.metrics_bind)
             logging.getLogger("voxmill.metrics").info(
-                "metrics on http://0.0.0.0:%d/metrics", settings.metrics_port
+                "metrics on http://%s:%d/metrics", settings.metrics_bind, settings.metrics_port
             )
 
     def on_shutdown(**_: Any) -> None:

@@ -12,6 +12,8 @@ Series (all prefixed `voxmill_`):
   warm-up), `model_reloads_total{role, outcome}`
 - `model_rejections_total{role}`, `model_publications_total{role}` (the watcher's, on its own port)
 - `worker_rss_bytes` and, on a GPU, `gpu_memory_used_bytes` gauges per process
+- `messages_refused_total{reason}`: messages the worker's main process refused before any task
+  ran (`workers.queue.admission`; its own series, `ConsumerMetrics`)
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class NoMetrics:
 
     def sample_process(self) -> None:
         """Record this process's memory."""
+
+    def refused(self, reason: str) -> None:
+        """The worker refused a message for `reason` (`workers.queue.admission.REASONS`)."""
 
 
 class Metrics(NoMetrics):
@@ -146,6 +151,20 @@ class WatcherMetrics(NoMetrics):
         self._publications.labels(role).inc()
 
 
+class ConsumerMetrics(NoMetrics):
+    """The series of a worker's main process, where messages are received (and refused)."""
+
+    def __init__(self) -> None:
+        import prometheus_client as pc
+
+        self._refused = pc.Counter(
+            "voxmill_messages_refused", "Messages refused before any task ran, by reason", ["reason"]
+        )
+
+    def refused(self, reason: str) -> None:
+        self._refused.labels(reason).inc()
+
+
 def gpu_memory_used_bytes() -> int | None:
     """Memory in use on the first GPU (nvidia-smi), or None without one."""
     if shutil.which("nvidia-smi") is None:
@@ -172,16 +191,16 @@ def prepare_multiprocess() -> Path:
     return folder
 
 
-def serve(port: int) -> Any:
-    """Serve the aggregate of all processes' metrics (or this process's) on `port`."""
+def serve(port: int, addr: str) -> Any:
+    """Serve the aggregate of all processes' metrics (or this process's) on `addr`:`port`."""
     import prometheus_client as pc
     from prometheus_client import multiprocess
 
     if os.environ.get(MULTIPROC_ENV):
         registry = pc.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        return pc.start_http_server(port, registry=registry)
-    return pc.start_http_server(port)
+        return pc.start_http_server(port, addr=addr, registry=registry)
+    return pc.start_http_server(port, addr=addr)
 
 
 def mark_process_dead(pid: int) -> None:

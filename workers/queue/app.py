@@ -24,6 +24,7 @@ from pipeline.records import OPS
 from pipeline.settings import Settings
 from workers.keys import QUEUES
 from workers.queue import connections, transport
+from workers.queue.admission import CONTENT_TYPES
 
 # One queue per op (`workers.keys.QUEUES`); `voxmill.shard` goes to the queue of its shard's op.
 TASK_NAMES = {op: f"voxmill.{op}" for op in OPS}
@@ -121,7 +122,7 @@ class SentinelChannel(transport.Channel, kombu_redis.SentinelChannel):
             owner.client = None
 
 
-class SentinelTransport(kombu_redis.SentinelTransport):
+class SentinelTransport(transport.CheckedDelivery, kombu_redis.SentinelTransport):
     Channel = SentinelChannel
 
 
@@ -139,13 +140,15 @@ def backend_url(url: str, polled: bool) -> str:
     return f"{__name__}:{name}+{url}"
 
 
-def create_app(settings: Settings, polled_results: bool = False) -> Celery:
+def create_app(settings: Settings, polled_results: bool = False, consumer: Any = None) -> Celery:
     """A Celery app configured from `settings`; no task handler is registered.
 
     Never pickle: JSON, and msgpack for raw audio bytes, are the only accepted content types.
     Nothing lost: late acks, rejection on worker loss, prefetch 1, and one visibility timeout
-    (broker and result backend) longer than the longest task. `polled_results` is for
-    producers that poll results themselves (see `PolledRedisBackend`).
+    (broker and result backend) longer than the longest task. `polled_results` is for producers
+    that poll results themselves (see `PolledRedisBackend`); `consumer` is a worker's Celery
+    consumer class (`workers.worker` gives `workers.queue.consumer.VoxmillConsumer`, which admits
+    only voxmill's task messages), never imported by producers.
     """
     if settings.visibility_timeout_s <= settings.task_time_limit_s:
         raise ValueError(
@@ -160,8 +163,8 @@ def create_app(settings: Settings, polled_results: bool = False) -> Celery:
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
-        accept_content=["json", "msgpack"],
-        result_accept_content=["json", "msgpack"],
+        accept_content=list(CONTENT_TYPES),
+        result_accept_content=list(CONTENT_TYPES),
         event_serializer="json",
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -199,4 +202,6 @@ def create_app(settings: Settings, polled_results: bool = False) -> Celery:
         task_send_sent_event=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
+    if consumer is not None:
+        app.conf.worker_consumer = consumer
     return app

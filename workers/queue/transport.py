@@ -11,17 +11,27 @@ Here the channel remembers the connection parameters it was built with and uses 
 transport has forgotten them, so the restore (or an ack) either works or fails as a connection
 error, which Celery handles by reconnecting. `workers.queue.app` registers this transport for the
 `redis://` and `rediss://` schemes.
+
+It also drops what is no message at all: an item pushed onto a queue list that is not kombu's
+JSON envelope (`admission.envelope_refusal`) would raise inside kombu's read loop, stopping the
+worker or passing for a lost connection; it is logged once and dropped (BRPOP already took it
+off the list), and the worker reads on.
 """
 
 from __future__ import annotations
 
+import logging
+from queue import Empty
 from typing import Any
 
 import kombu.transport
 import redis
 from kombu.transport import redis as kombu_redis
 
+from workers.queue.admission import NOT_AN_ENVELOPE, envelope_refusal
+
 TRANSPORT_PATH = f"{__name__}:Transport"
+log = logging.getLogger("voxmill.consumer")
 
 
 class Channel(kombu_redis.Channel):
@@ -44,8 +54,35 @@ class Channel(kombu_redis.Channel):
             transport.client = None
         return params
 
+    def _brpop_read(self, **options: Any) -> bool:
+        try:
+            return bool(super()._brpop_read(**options))
+        except (Empty, *self.connection_errors):
+            raise
+        except Exception as exc:  # not JSON, or a body kombu cannot decode
+            dropped(f"{type(exc).__name__}: {str(exc)[:200]}")
+            return True
 
-class Transport(kombu_redis.Transport):
+
+def dropped(why: str) -> None:
+    log.warning(
+        "refused message: reason=%s: an item on a queue list is no kombu message (%s); dropped",
+        NOT_AN_ENVELOPE,
+        why,
+    )
+
+
+class CheckedDelivery:
+    """A transport that delivers only what has the shape of kombu's envelope."""
+
+    def _deliver(self, message: Any, queue: str) -> None:
+        if envelope_refusal(message) is not None:
+            dropped("not the shape of an envelope")
+            return
+        super()._deliver(message, queue)  # type: ignore[misc]
+
+
+class Transport(CheckedDelivery, kombu_redis.Transport):
     Channel = Channel
 
 
