@@ -21,7 +21,14 @@ write) or cannot be reached is `store_error`. Transient failures (connection res
 5xx) are retried `RETRY_ATTEMPTS` times with a doubling backoff, then are `store_error`.
 
 The URL jail (`url_within`, `check_url`) is pure: schemes compared exactly, `.` and `..` removed,
-bucket (host) compared exactly, the path prefix compared on a `/` boundary.
+bucket (host) compared exactly, the path prefix compared on a `/` boundary. What is checked is what
+is fetched, so a URL whose path a server could read differently is refused (`bad_request`), not
+decoded: a percent-escape that stands for '.', '/', '\\', '%', ';' or a control character (or
+starts an overlong UTF-8 sequence, %C0/%C1), a `..;` / `.;` segment (servlet containers drop the
+`;...` and climb), and for HTTP a backslash. Decoding would need to guess how many times, and
+with which separators, the server decodes; refusing leaves every server the same segments we
+checked. HTTP redirects are refused (`forbidden_path`), never followed, and a redirect's body is
+never read as the object. Every string is bounded (`max_chars`) before it is parsed.
 """
 
 from __future__ import annotations
@@ -29,14 +36,26 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO, TypeVar
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, NOT_FOUND, OUTPUT_ERROR, STORE_ERROR, VoxmillError
+from pipeline.errors import (
+    BAD_REQUEST,
+    FORBIDDEN_PATH,
+    NOT_FOUND,
+    OUTPUT_ERROR,
+    STORE_ERROR,
+    UNREADABLE,
+    VoxmillError,
+)
+
+if TYPE_CHECKING:
+    from pipeline.paths import ConfinedPath
 
 URL_SCHEMES = ("s3", "gs", "gcs", "http", "https")
 WRITABLE_SCHEMES = ("s3", "gs", "gcs")
@@ -73,6 +92,15 @@ TRANSIENT_NAMES = frozenset(
         "SlowDown",
     }
 )
+
+# Longest name, path or URL taken (the default of Settings.max_text_chars, Linux's PATH_MAX).
+MAX_TEXT_CHARS = 4096
+# What a percent-escape in a URL's path may not stand for: characters that would change its
+# segments (or how often it must be decoded) once a server decodes it. Control characters too.
+HIDDEN_BY_ESCAPES = frozenset("./\\%;")
+# Lead bytes of overlong UTF-8 (%C0%AE is '.' to an old decoder); never valid UTF-8.
+OVERLONG_LEADS = frozenset({0xC0, 0xC1})
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 T = TypeVar("T")
 
@@ -119,9 +147,19 @@ class StoreUrl:
         return posixpath.basename(self.key)
 
 
-def parse_url(text: str) -> StoreUrl:
+def check_length(text: str, what: str, max_chars: int = MAX_TEXT_CHARS) -> None:
+    """`bad_request` when `text` is longer than `max_chars`: before any pattern or path call."""
+    if len(text) > max_chars:
+        raise VoxmillError(
+            BAD_REQUEST, f"{what} is {len(text)} characters long; the limit is {max_chars} (max_text_chars)"
+        )
+
+
+def parse_url(text: str, max_chars: int = MAX_TEXT_CHARS) -> StoreUrl:
     """`text` as a `StoreUrl`, `.` and `..` segments removed; `bad_request` for a URL that is not
-    one of `URL_SCHEMES`, names no bucket, holds a NUL byte, or carries credentials."""
+    one of `URL_SCHEMES`, names no bucket, holds a NUL byte, carries credentials, is longer than
+    `max_chars`, or spells its path so that a server could read other segments (module docstring)."""
+    check_length(text, "URL", max_chars)
     if "\x00" in text:
         raise VoxmillError(BAD_REQUEST, "URL contains a NUL byte")
     scheme, sep, rest = text.partition("://")
@@ -144,7 +182,37 @@ def parse_url(text: str) -> StoreUrl:
         scheme = "gs"
     if scheme in ("http", "https"):
         authority = authority.lower()
+        if "\\" in path:
+            raise VoxmillError(
+                BAD_REQUEST, f"{scheme}:// URL has a backslash in its path, which some servers read as '/'"
+            )
+    _check_escapes(scheme, path)
     return StoreUrl(scheme, authority, _normalise_key(path))
+
+
+def _check_escapes(scheme: str, path: str) -> None:
+    """`bad_request` for a percent-escape or a segment a server could decode into other segments."""
+    start = path.find("%")
+    while start != -1:
+        pair = path[start + 1 : start + 3]
+        if len(pair) == 2 and set(pair) <= _HEX:
+            value = int(pair, 16)
+            if chr(value) in HIDDEN_BY_ESCAPES or value < 0x20 or value == 0x7F or value in OVERLONG_LEADS:
+                raise VoxmillError(
+                    BAD_REQUEST,
+                    f"{scheme}:// URL has the percent-escape %{pair} in its path; escapes of . / \\ % ; "
+                    "control characters and overlong UTF-8 (%C0, %C1) are refused, since a server would "
+                    "decode them into another path than the one checked: spell the path plainly",
+                )
+        start = path.find("%", start + 1)
+    for part in path.split("/"):
+        head, semicolon, _ = part.partition(";")
+        if semicolon and head in (".", ".."):
+            raise VoxmillError(
+                BAD_REQUEST,
+                f"{scheme}:// URL has the segment {part[:40]!r}: a dot segment with ';' parameters, which "
+                f"servers read as {head!r}",
+            )
 
 
 def _normalise_key(path: str) -> str:
@@ -173,10 +241,10 @@ def url_within(url: StoreUrl, root: StoreUrl) -> bool:
     return not root.key or url.key == root.key or url.key.startswith(root.key + "/")
 
 
-def check_url(text: str, roots: Sequence[str]) -> str:
+def check_url(text: str, roots: Sequence[str], max_chars: int = MAX_TEXT_CHARS) -> str:
     """The normalised URL if inside one of the URL `roots`, else `forbidden_path` (`bad_request`
-    for a malformed URL or one with credentials)."""
-    url = parse_url(text)
+    for a malformed URL, one with credentials or one over `max_chars` characters)."""
+    url = parse_url(text, max_chars)
     parsed = [parse_url(root) for root in roots]
     if not any(url_within(url, root) for root in parsed):
         allowed = ", ".join(str(root) for root in parsed) or "no URL prefix configured"
@@ -252,13 +320,16 @@ def _kind(exc: BaseException) -> str:
 
 
 def store_failure(exc: BaseException, url: str, doing: str) -> VoxmillError:
-    """The voxmill error for a failed store call: `not_found`, or `store_error` naming the URL,
-    what was being done and the error's class (never its text, which may quote a request)."""
+    """The voxmill error for a failed store call: voxmill's own error if one is in `exc`'s cause
+    chain (fsspec's HTTP `info` wraps a refused redirect in a FileNotFoundError), `not_found`, or
+    `store_error` naming the URL, what was being done and the error's class (never its text,
+    which may quote a request)."""
+    own = _voxmill_cause(exc)
+    if own is not None:
+        return own
     kind = _kind(exc)
     if kind == "missing":
         return VoxmillError(NOT_FOUND, f"no such object: {url}")
-    if isinstance(exc, VoxmillError):
-        return exc
     what = type(exc).__name__
     if kind == "refused":
         reason = "the store refused the request (permission denied)"
@@ -271,6 +342,18 @@ def store_failure(exc: BaseException, url: str, doing: str) -> VoxmillError:
         f"{doing} {url}: {reason} ({what}); check the store's endpoint and credentials "
         "(AWS_ENDPOINT_URL, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS...)",
     )
+
+
+def _voxmill_cause(exc: BaseException) -> VoxmillError | None:
+    """The first VoxmillError in `exc`'s chain of causes and contexts (itself included)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, VoxmillError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def with_retries(
@@ -311,9 +394,27 @@ def filesystem(scheme: str) -> Any:
         options: dict[str, Any] = {"skip_instance_cache": True}
         if protocol in ("s3", "gcs"):
             options["use_listings_cache"] = False
+        if protocol in ("http", "https"):
+            # Every request (HEAD, GET, ranged GET, listing) gets allow_redirects=False, and the
+            # session's raise_for_status hook refuses the 3xx that aiohttp then returns as is.
+            options["allow_redirects"] = False
+            options["client_kwargs"] = {"raise_for_status": refuse_redirects}
         fs = fsspec.filesystem(protocol, **options)
         _FILESYSTEMS[key] = fs
     return fs
+
+
+async def refuse_redirects(response: Any) -> None:
+    """aiohttp's `raise_for_status` hook of voxmill's HTTP file system: a 3xx answer is
+    `forbidden_path`. The roots were checked on the URL asked for, so a redirect is never
+    followed and its body is never read as the object; other statuses go on to fsspec as before."""
+    if 300 <= response.status < 400:
+        asked = response.url.with_query(None).with_fragment(None)
+        raise VoxmillError(
+            FORBIDDEN_PATH,
+            f"{asked} answered {response.status} (a redirect); redirects are refused, since the allowed "
+            "roots are checked on the URL asked for: give the URL the object is really at",
+        )
 
 
 def _fs(url: str) -> tuple[Any, StoreUrl]:
@@ -551,9 +652,10 @@ class ObjectFolder:
 OutputLocation = LocalFolder | ObjectFolder
 
 
-def mend_url(value: Path | str) -> Path | str:
-    """A URL as a string even when it went through `Path()` (`s3:/bucket/x`), else a Path."""
-    text = str(value)
+def mend_url(value: str | os.PathLike[str]) -> Path | str:
+    """A URL as a string even when it went through `Path()` (`s3:/bucket/x`), else a Path (of a
+    `ConfinedPath` too: an output folder is written by name)."""
+    text = os.fspath(value)
     for scheme in URL_SCHEMES:
         if text.lower().startswith(f"{scheme}:/"):
             rest = text[len(scheme) + 1 :].lstrip("/")
@@ -561,7 +663,7 @@ def mend_url(value: Path | str) -> Path | str:
     return value if isinstance(value, str) else Path(value)
 
 
-def output_location(out: Path | str | OutputLocation) -> OutputLocation:
+def output_location(out: str | os.PathLike[str] | OutputLocation) -> OutputLocation:
     """The output location of a `--out` value: a URL (`s3://`, `gs://`) or a local folder."""
     if isinstance(out, (LocalFolder, ObjectFolder)):
         return out
@@ -583,8 +685,27 @@ def location_name(out: Path | str) -> str:
     return str(Path(out).resolve())
 
 
-def open_input(path: str | Path) -> BinaryIO:
-    """A binary stream over a listing file or a tar shard, local or at a URL."""
+def open_input(path: str | Path | ConfinedPath) -> BinaryIO:
+    """A binary stream over a listing file or a tar shard, local or at a URL; a `ConfinedPath`
+    (a worker's tar shard) is opened without a window (`pipeline.paths.open_confined`) and must be
+    a regular file (a FIFO is refused without being opened: it would block the reader)."""
     if isinstance(path, str) and is_url(path):
         return open_url(path)
-    return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    from pipeline.paths import ConfinedPath, open_confined
+
+    if not isinstance(path, ConfinedPath):
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    text = str(path)
+
+    def regular(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise VoxmillError(UNREADABLE, f"{text} is not a regular file")
+
+    fd = open_confined(path, regular)
+    try:
+        regular(os.fstat(fd))  # a FIFO swapped in after the lstat opened at once (O_NONBLOCK)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -17,18 +17,28 @@ supports it) on a free port, so a password can be set without touching the share
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 
+from pipeline import storage
+from pipeline.audio import load_audio
+from pipeline.errors import VoxmillError
+from pipeline.paths import resolve_allowed
+from pipeline.records import TaskResult
 from pipeline.sessions import sha256_bytes
-from tests.conftest import make_settings, voxmill, wait_for
+from pipeline.settings import AudioLimits
+from tests.conftest import WorkerFactory, make_settings, voxmill, wait_for
 from workers.embedded import LocalWorkers, free_port, redis_server_binary
 from workers.observe.status import worker_records
 from workers.queue.client import Client
@@ -313,3 +323,166 @@ def test_a_published_generation_never_makes_a_worker_load_a_path_from_redis(
     result = Client(settings).run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=60)[0]
     assert result.error is None
     assert result.models["embedder"]["sha256"] == sha256_bytes(local.read_bytes())
+
+
+# --------------------------------------------------------------------------- URL roots over HTTP
+
+BIG_BYTES = 20 * 1024 * 1024  # over storage.WHOLE_READ_BYTES: read with ranged GETs
+
+
+class CorpusHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves its folder as http.server does (it decodes the path, then drops dot segments: so
+    `/corpus/%2e%2e/secret/x.wav` is `/secret/x.wav`), records every request, and sets two traps:
+    `/corpus/jump.wav` answers 302 to `/secret/x.wav` with the outside clip as its body, and
+    `/corpus/big-jump.wav` answers HEAD with a 20 MB size and GET with that same 302."""
+
+    server: CorpusServer
+
+    def do_HEAD(self) -> None:
+        self.server.seen.append(("HEAD", self.path))
+        if self.path == "/corpus/big-jump.wav":
+            self.send_response(200)
+            self.send_header("Content-Length", str(BIG_BYTES))
+            self.end_headers()
+            return
+        if self.path in ("/corpus/jump.wav",):
+            self._redirect(with_body=False)
+            return
+        super().do_HEAD()
+
+    def do_GET(self) -> None:
+        self.server.seen.append(("GET", self.path))
+        if self.path in ("/corpus/jump.wav", "/corpus/big-jump.wav"):
+            self._redirect(with_body=True)
+            return
+        super().do_GET()
+
+    def _redirect(self, with_body: bool) -> None:
+        body = self.server.outside
+        self.send_response(302)
+        self.send_header("Location", "/secret/x.wav")
+        self.send_header("Content-Type", "audio/wav")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if with_body:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
+        pass
+
+
+class CorpusServer(http.server.ThreadingHTTPServer):
+    seen: list[tuple[str, str]]
+    outside: bytes
+
+
+@dataclass
+class HttpCorpus:
+    """A real HTTP server on loopback: `root` is the allowed URL prefix (`.../corpus`), `secret/`
+    beside it holds the outside clip."""
+
+    base: str
+    root: str
+    server: CorpusServer
+    inside: bytes
+    outside: bytes
+
+
+@pytest.fixture
+def http_corpus(tmp_path: Path, audio_dir: Path) -> Iterator[HttpCorpus]:
+    served = tmp_path / "served"
+    (served / "corpus").mkdir(parents=True)
+    (served / "secret").mkdir()
+    inside = (audio_dir / "chirp_3s.wav").read_bytes()
+    outside = (audio_dir / "noise_1p37s.wav").read_bytes()
+    (served / "corpus" / "in.wav").write_bytes(inside)
+    (served / "secret" / "x.wav").write_bytes(outside)
+    handler = functools.partial(CorpusHandler, directory=str(served))
+    server = CorpusServer(("127.0.0.1", 0), handler)
+    server.seen, server.outside = [], outside
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield HttpCorpus(base, f"{base}/corpus", server, inside, outside)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+# Each spelling, and what a URL job gets: None is the inside clip, decoded.
+URL_CASES = {
+    "/corpus/in.wav": None,
+    "/secret/x.wav": "forbidden_path",
+    "/corpus/../secret/x.wav": "forbidden_path",
+    "/corpus/%2e%2e/secret/x.wav": "bad_request",
+    "/corpus/%2E%2E/secret/x.wav": "bad_request",
+    "/corpus/..%2fsecret/x.wav": "bad_request",
+    "/corpus/..;/secret/x.wav": "bad_request",
+    "/corpus/jump.wav": "forbidden_path",
+}
+
+
+def test_url_roots_hold_against_escaped_dot_segments_and_redirects(http_corpus: HttpCorpus) -> None:
+    base, root = http_corpus.base, http_corpus.root
+    # The server really does normalise: unchecked, %2e%2e and ..%2f reach the outside file.
+    for spelling in ("/corpus/%2e%2e/secret/x.wav", "/corpus/..%2fsecret/x.wav"):
+        with urllib.request.urlopen(base + spelling, timeout=10) as unchecked:
+            assert unchecked.read() == http_corpus.outside
+    http_corpus.server.seen.clear()
+    limits = AudioLimits()
+    got: dict[str, str | None] = {}
+    for spelling in URL_CASES:
+        try:
+            clip = load_audio(resolve_allowed(base + spelling, [], [root]), limits)
+        except VoxmillError as exc:
+            got[spelling] = exc.code
+            if spelling == "/corpus/jump.wav":
+                assert "answered 302 (a redirect); redirects are refused" in exc.message
+        else:
+            got[spelling] = None
+            assert clip.duration_s == pytest.approx(3.0)  # the inside clip, never the 1.37 s one
+    assert got == URL_CASES
+    # Nothing outside the root was asked for; the refused spellings were never sent at all.
+    assert {path for _, path in http_corpus.server.seen} == {"/corpus/in.wav", "/corpus/jump.wav"}
+
+    # Every reader of the store layer refuses the redirect; none returns its body.
+    jump = f"{root}/jump.wav"
+    readers: dict[str, Callable[[], object]] = {
+        "fetch_checked": lambda: storage.fetch_checked(jump, 10**9),
+        "url_size": lambda: storage.url_size(jump),
+        "read_url": lambda: storage.read_url(jump),
+        "open_url": lambda: storage.open_url(jump, size=len(http_corpus.outside)),
+    }
+    for name, read in readers.items():
+        with pytest.raises(VoxmillError) as caught:
+            read()
+        assert caught.value.code == "forbidden_path" and "redirects are refused" in caught.value.message, name
+    # HEAD says 200 (20 MB), the ranged GETs get the 302: the stream refuses at its first read.
+    stream = storage.open_url(f"{root}/big-jump.wav", size=BIG_BYTES)
+    with pytest.raises(VoxmillError) as ranged:
+        stream.read(4096)
+    assert ranged.value.code == "forbidden_path"
+    assert not any(path.startswith("/secret/") for _, path in http_corpus.server.seen)
+
+
+def test_a_worker_confines_url_jobs_and_bounds_every_string(
+    http_corpus: HttpCorpus, redis_url: str, start_worker: WorkerFactory, tiny_models: Path, audio_dir: Path
+) -> None:
+    settings = make_settings(redis_url, tiny_models, [audio_dir], allowed_url_roots=(http_corpus.root,))
+    start_worker(settings, concurrency=1, queues=("embed",))
+    client = Client(settings)
+    results = client.run("embed", [http_corpus.base + spelling for spelling in URL_CASES], timeout_s=60)
+    assert [r.error["code"] if r.error else None for r in results] == list(URL_CASES.values())
+    assert results[0].audio_seconds == pytest.approx(3.0) and len(results[0].embedding or []) == 192
+    assert not any(path.startswith("/secret/") for _, path in http_corpus.server.seen)
+    # A megabyte of path or name is refused at the door, and the result does not carry it back.
+    huge = "a/" * 500_000
+    for job in ({"path": huge}, {"audio": http_corpus.inside, "name": huge}):
+        serializer = "msgpack" if "audio" in job else "json"
+        value = client.app.send_task("voxmill.embed", args=[job], serializer=serializer, queue="embed")
+        result = TaskResult.from_dict(value.get(timeout=30))
+        assert result.error is not None and result.error["code"] == "bad_request"
+        assert f"is {len(huge)} characters long; the limit is 4096" in result.error["message"]
+        assert len(result.input) < 4200

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, VoxmillError
-from pipeline.paths import is_within, resolve_allowed_path
+from pipeline.paths import Roots, is_within, resolve_allowed_path
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def tree(tmp_path: Path) -> tuple[Path, Path]:
     return root, outside
 
 
-def _forbidden(path: str | Path, roots: list[Path], base: Path | None = None) -> VoxmillError:
+def _forbidden(path: str | Path, roots: list[Path] | Roots, base: Path | None = None) -> VoxmillError:
     with pytest.raises(VoxmillError) as info:
         resolve_allowed_path(path, roots, base=base)
     assert info.value.code == FORBIDDEN_PATH
@@ -164,3 +164,82 @@ def test_result_is_absolute_and_has_no_symlinks(tree: tuple[Path, Path]) -> None
     resolved = resolve_allowed_path("alias.wav", [root], base=root)
     assert resolved.is_absolute()
     assert os.path.realpath(resolved) == str(resolved)
+
+
+# --------------------------------------------------------------------------- budgets and scale
+
+
+@pytest.mark.parametrize("shape", ["a/", "/", "../", "./"])
+def test_a_multi_megabyte_path_is_a_bad_request_before_any_path_call(
+    tree: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    root, _ = tree
+    huge = shape * (3 * 1024 * 1024 // len(shape)) + "a.wav"  # realpath is quadratic in its '/'
+
+    def no_path_calls(*args: object) -> None:
+        raise AssertionError("a path call ran on a string over the limit")
+
+    monkeypatch.setattr(os.path, "realpath", no_path_calls)
+    with pytest.raises(VoxmillError) as info:
+        resolve_allowed_path(huge, [root], base=root)
+    assert info.value.code == BAD_REQUEST
+    assert info.value.message == f"path is {len(huge)} characters long; the limit is 4096 (max_text_chars)"
+    assert huge[:100] not in info.value.message  # never echoed
+
+
+def test_the_length_limit_is_a_parameter_and_counts_characters(tree: tuple[Path, Path]) -> None:
+    root, _ = tree
+    name = "é" * 60 + ".wav"
+    (root / name).write_bytes(b"x")
+    assert resolve_allowed_path(name, [root], base=root, max_chars=64) == (root / name).resolve()
+    with pytest.raises(VoxmillError) as info:
+        resolve_allowed_path(name, [root], base=root, max_chars=63)
+    assert info.value.code == BAD_REQUEST and "64 characters long; the limit is 63" in info.value.message
+
+
+def test_a_path_that_changes_while_it_is_resolved_is_forbidden_not_an_oserror(
+    tree: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _ = tree
+
+    def racing(path: str) -> str:  # what realpath raises when a symlink it lstat'ed is a folder again
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os.path, "realpath", racing)
+    error = _forbidden("a.wav", [Path("/")], base=root)
+    assert "changed while it was being resolved (Invalid argument)" in error.message
+
+
+def test_roots_are_resolved_once_and_found_by_walking_the_folders(
+    tree: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, outside = tree
+    many = [tmp_path / f"corpus-{n}" / "wav" for n in range(5000)] + [root]
+    roots = Roots.of(many)
+    assert roots.paths[-1] == str(root.resolve()) and len(roots.paths) == 5001
+    expected = (root / "a.wav").resolve()
+    calls: list[str] = []
+    real = os.path.realpath
+
+    def counted(path: str, **kwargs: bool) -> str:
+        calls.append(path)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", counted)
+    assert resolve_allowed_path(root / "a.wav", roots) == expected
+    assert len(calls) == 1  # the candidate only, never a root
+    error = _forbidden(outside / "secret.wav", roots)
+    assert "corpus-0/wav" in error.message and "and 4996 more" in error.message  # five shown
+    assert len(error.message) < 1000
+
+
+def test_the_root_set_answers_exactly_as_is_within(tmp_path: Path) -> None:
+    roots = ["/", "/data", "/data/a", "/srv/x y", "/database"]
+    candidates = ["/", "/data", "/data/", "/data/a", "/data/ab", "/data/a/b.wav", "/database/x",
+                  "/datab", "/srv/x y/z", "/srv/x", "/srv", "/d", "/data/a/../b"]  # fmt: skip
+    for chosen in ([], *([r] for r in roots), roots[1:], roots[2:4]):
+        found = Roots(tuple(chosen))
+        for candidate in candidates:
+            inside = [r for r in chosen if is_within(candidate, r)]
+            deepest = max(inside, key=len) if inside else None
+            assert found.root_of(candidate) == deepest, (chosen, candidate)

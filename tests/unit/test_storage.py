@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import storage
 from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, NOT_FOUND, STORE_ERROR, VoxmillError
-from pipeline.paths import resolve_allowed
+from pipeline.paths import ConfinedPath, resolve_allowed
 from pipeline.settings import Settings
 from pipeline.storage import check_url, expand_braces, parse_url, split_roots, url_within
 
@@ -54,7 +54,8 @@ def test_check_url_forbids_outside_the_prefixes_and_names_the_setting() -> None:
 
 def test_resolve_allowed_sends_urls_to_the_url_jail_and_paths_to_the_path_jail(tmp_path: Path) -> None:
     assert resolve_allowed("s3://bkt/c/a.wav", [tmp_path], ["s3://bkt/c"]) == "s3://bkt/c/a.wav"
-    assert resolve_allowed(str(tmp_path / "a.wav"), [tmp_path], []) == (tmp_path / "a.wav").resolve()
+    local = resolve_allowed(str(tmp_path / "a.wav"), [tmp_path], [])
+    assert local == ConfinedPath((tmp_path / "a.wav").resolve(), str(tmp_path.resolve()))
     with pytest.raises(VoxmillError) as caught:
         resolve_allowed("s3://bkt/c/a.wav", [tmp_path], [])
     assert caught.value.code == FORBIDDEN_PATH
@@ -159,3 +160,142 @@ def test_a_job_path_that_is_a_url_is_jailed_to_the_url_prefixes() -> None:
     with pytest.raises(VoxmillError) as creds:
         decode_job({"path": "https://u:p@host/a.wav"}, (), ("https://host",))
     assert creds.value.code == BAD_REQUEST and "u:p" not in creds.value.message
+
+
+# --------------------------------------------------------------------------- URL spellings that escape
+
+
+ROOT = "http://h/corpus"
+HIDDEN_SPELLINGS = [
+    "http://h/corpus/%2e%2e/secret/x.wav",
+    "http://h/corpus/%2E%2E/secret/x.wav",
+    "http://h/corpus/.%2e/secret/x.wav",
+    "http://h/corpus/..%2fsecret/x.wav",
+    "http://h/corpus/..%2Fsecret/x.wav",
+    "http://h/corpus/..%5csecret/x.wav",
+    "http://h/corpus/%252e%252e/secret/x.wav",  # decoded twice by some stacks
+    "http://h/corpus/..%3b/secret/x.wav",
+    "http://h/corpus/x%00/../../secret/x.wav",
+    "http://h/corpus/%c0%ae%c0%ae/secret/x.wav",  # overlong UTF-8 '.'
+    "http://h/corpus/..;/secret/x.wav",  # servlet containers drop ';...' and climb
+    "http://h/corpus/..;x=1/secret/x.wav",
+    "http://h/corpus/.;/x.wav",
+    "http://h/corpus/..\\secret/x.wav",
+    "https://h/corpus/a%2fb.wav",
+    "s3://bkt/corpus/%2e%2e/secret/x.wav",  # the same rule whatever the store
+    "gs://bkt/corpus/..;/secret/x.wav",
+]
+
+
+@pytest.mark.parametrize("url", HIDDEN_SPELLINGS)
+def test_a_url_whose_path_a_server_could_read_as_other_segments_is_refused(url: str) -> None:
+    with pytest.raises(VoxmillError) as caught:
+        check_url(url, [ROOT, "s3://bkt/corpus", "gs://bkt/corpus"])
+    assert caught.value.code == BAD_REQUEST
+    assert (
+        "escape" in caught.value.message
+        or "segment" in caught.value.message
+        or "backslash" in caught.value.message
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "checked"),
+    [
+        ("http://h/corpus/x/../a.wav", "http://h/corpus/a.wav"),
+        ("http://H/corpus/./sub//a.wav?sig=1#t", "http://h/corpus/sub/a.wav"),
+        ("http://h/corpus/caf%C3%A9%20no%C3%ABl.wav", "http://h/corpus/caf%C3%A9%20no%C3%ABl.wav"),
+        ("http://h/corpus/a;v=1.wav", "http://h/corpus/a;v=1.wav"),  # ';' in a name is a name
+        ("http://h/corpus/100%.wav", "http://h/corpus/100%.wav"),  # not an escape: a '%' that stays one
+        ("s3://bkt/corpus/dir\\a.wav", "s3://bkt/corpus/dir\\a.wav"),  # a key may hold a backslash
+    ],
+)
+def test_plain_spellings_are_normalised_and_stay_inside(url: str, checked: str) -> None:
+    assert check_url(url, [ROOT, "s3://bkt/corpus"]) == checked
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://h/corpus/../secret/x.wav", "http://h/corpus/a/../../secret/x.wav", "http://h/corpus2/x.wav"],
+)
+def test_plain_dot_segments_are_removed_before_the_root_check(url: str) -> None:
+    with pytest.raises(VoxmillError) as caught:
+        check_url(url, [ROOT])
+    assert caught.value.code == FORBIDDEN_PATH
+
+
+def test_what_is_fetched_is_what_was_checked() -> None:
+    """The URL the HTTP client sends (yarl, as fsspec builds it) names the checked segments."""
+    import yarl
+
+    for url in ["http://h/corpus/a b/./c%41.wav", "http://h/corpus/x/../y/%7Ez.wav"]:
+        checked = check_url(url, [ROOT])
+        assert storage.parse_url(checked) == storage.parse_url(url)  # parsing again changes nothing
+        sent = yarl.URL(checked)
+        assert sent.path.startswith("/corpus/") and "/../" not in sent.path
+        assert sent.path == "/" + storage.parse_url(checked).key.replace("%41", "A").replace("%7E", "~")
+
+
+def test_urls_over_the_length_limit_are_refused_before_parsing() -> None:
+    url = "http://h/corpus/" + "a/" * 3_000_000
+    for call in (
+        lambda: storage.parse_url(url),
+        lambda: check_url(url, [ROOT]),
+        lambda: resolve_allowed(url, []),
+    ):
+        with pytest.raises(VoxmillError) as caught:
+            call()
+        assert caught.value.code == BAD_REQUEST
+        assert (
+            caught.value.message == f"URL is {len(url)} characters long; the limit is 4096 (max_text_chars)"
+        )
+    assert check_url("http://h/corpus/a.wav", [ROOT], max_chars=21) == "http://h/corpus/a.wav"
+    with pytest.raises(VoxmillError):
+        check_url("http://h/corpus/a.wav", [ROOT], max_chars=20)
+
+
+def test_a_failure_wrapping_a_voxmill_error_is_that_error() -> None:
+    """fsspec's HTTP `info` turns every failure into FileNotFoundError; a refused redirect inside
+    it stays a refused redirect, not `not_found`."""
+    refused = VoxmillError(
+        FORBIDDEN_PATH, "http://h/corpus/a.wav answered 302 (a redirect); redirects are refused"
+    )
+    try:
+        try:
+            raise refused
+        except VoxmillError as exc:
+            raise FileNotFoundError("http://h/corpus/a.wav") from exc
+    except FileNotFoundError as wrapped:
+        assert storage.store_failure(wrapped, "http://h/corpus/a.wav", "cannot stat") is refused
+
+    def info() -> None:
+        raise FileNotFoundError("x") from refused
+
+    with pytest.raises(VoxmillError) as caught:
+        storage.with_retries(info, "http://h/corpus/a.wav", "cannot stat", base_s=0.0)
+    assert caught.value is refused
+
+
+# --------------------------------------------------------------------------- string budgets of a job
+
+
+@pytest.mark.parametrize("field", ["path", "name"])
+def test_every_string_of_a_job_is_bounded_before_it_is_used(field: str, tmp_path: Path) -> None:
+    from workers.queue.tasks import decode_job, job_label
+
+    huge = "a/" * 5_000_000
+    job = {"path": huge} if field == "path" else {"audio": b"RIFF", "name": huge}
+    with pytest.raises(VoxmillError) as caught:
+        decode_job(job, [tmp_path], (), 4096)
+    assert caught.value.code == BAD_REQUEST
+    assert (
+        caught.value.message
+        == f"'{field}' is {len(huge)} characters long; the limit is 4096 (max_text_chars)"
+    )
+    label = job_label(job, 4096)
+    assert len(label) < 4200 and label.endswith(f"... ({len(huge)} characters)")
+    url_job = {"path": "https://h/corpus/" + "x" * 5000}
+    with pytest.raises(VoxmillError) as url:
+        decode_job(url_job, [tmp_path], ("https://h/corpus",), 4096)
+    assert url.value.code == BAD_REQUEST and "the limit is 4096" in url.value.message
+    assert decode_job({"audio": b"RIFF", "name": "n" * 4096}, [tmp_path], (), 4096) == ("n" * 4096, b"RIFF")

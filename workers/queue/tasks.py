@@ -6,7 +6,10 @@ Payloads are JSON (or msgpack when they carry raw bytes):
 - `voxmill.shard`: a `ShardSpec` dict; the task writes the shard file (in a folder, or one object
   in a store when `out_dir` is a URL), then announces its `ShardResult` on the run's channel
   (`keys.SHARDS_DONE_CHANNEL`). It stores no Celery result. A tar shard (`ShardSpec.tar`) reads
-  its tar as a stream and writes a row per sample it held; a segment is decoded by seeking.
+  its tar as a stream and writes a row per sample it held; a segment is decoded by seeking. A
+  result the file cannot hold is stored as its utterance's `output_error`; a shard whose file
+  cannot be written, or that meets an unexpected exception, is announced failed (`output_error`,
+  `internal`), and the driver sends it again, up to `shard_max_attempts` times.
 Paths are confined to the allowed roots and URLs to the allowed URL prefixes (`pipeline.paths`).
 Bad input is a result with an error code. Only a missing model (still loading, or a failed load
 that a later generation may fix) is retried, with bounded backoff, and then is a `model_error`
@@ -31,10 +34,10 @@ from pipeline import errors
 from pipeline.audio import Segment
 from pipeline.errors import VoxmillError
 from pipeline.inference import run_clip
-from pipeline.paths import resolve_allowed
+from pipeline.paths import ConfinedPath, Roots, resolve_allowed
 from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult, Utterance
-from pipeline.storage import OutputLocation, output_location
-from pipeline.writers import shard_counts, shard_file_name, write_shard
+from pipeline.storage import MAX_TEXT_CHARS, OutputLocation, check_length, output_location
+from pipeline.writers import shard_counts, shard_file_name, storable_results, write_shard
 from workers import keys
 from workers.queue.app import SHARD_TASK, TASK_NAMES
 from workers.reload.holder import ModelUnavailable
@@ -63,19 +66,27 @@ def job_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def decode_job(
-    job: Any, roots: tuple[Path, ...], url_roots: Sequence[str] = ()
-) -> tuple[str, str | Path | bytes]:
+    job: Any,
+    roots: Roots | Sequence[Path],
+    url_roots: Sequence[str] = (),
+    max_text_chars: int = MAX_TEXT_CHARS,
+) -> tuple[str, ConfinedPath | str | bytes]:
     """(label, source) of a single-audio payload; `bad_request` or `forbidden_path` when it is
-    wrong. A `path` may be a URL, confined to `url_roots`."""
+    wrong. A `path` may be a URL, confined to `url_roots`; a local one comes back confined
+    (read it as it is: `load_audio` opens it without a window). Every string is at most
+    `max_text_chars` long, checked before any pattern or path call."""
     if isinstance(job, MalformedCall):
         raise VoxmillError(errors.BAD_REQUEST, job.message)
     if not isinstance(job, dict):
         raise VoxmillError(errors.BAD_REQUEST, f"job must be an object, not {type(job).__name__}")
+    for key in ("path", "name"):
+        if isinstance(job.get(key), str):
+            check_length(job[key], f"'{key}'", max_text_chars)
     if "path" in job:
         path = job["path"]
         if not isinstance(path, str):
             raise VoxmillError(errors.BAD_REQUEST, f"'path' must be a string, not {type(path).__name__}")
-        return path, resolve_allowed(path, roots, url_roots)
+        return path, resolve_allowed(path, roots, url_roots, max_text_chars)
     if "audio" in job:
         audio, name = job["audio"], job.get("name", "<bytes>")
         if not isinstance(audio, (bytes, bytearray)):
@@ -88,12 +99,14 @@ def decode_job(
     raise VoxmillError(errors.BAD_REQUEST, "job needs 'path' (a string) or 'audio' (bytes)")
 
 
-def job_label(job: Any) -> str:
-    """A printable name for a job, even a malformed one."""
+def job_label(job: Any, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """A printable name for a job, even a malformed one; a string over `max_chars` is cut there
+    (its result and log line do not carry megabytes back)."""
     if isinstance(job, dict):
         for key in ("path", "name"):
-            if isinstance(job.get(key), str):
-                return str(job[key])
+            text = job.get(key)
+            if isinstance(text, str):
+                return text if len(text) <= max_chars else f"{text[:max_chars]}... ({len(text)} characters)"
     return "<invalid job>"
 
 
@@ -104,10 +117,11 @@ def retry_countdown(retries: int) -> float:
 
 def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, Any]:
     """One audio, one op: the contract's result object."""
+    settings = process.settings
     try:
-        label, source = decode_job(job, process.roots, process.settings.allowed_url_roots)
+        label, source = decode_job(job, process.roots, settings.allowed_url_roots, settings.max_text_chars)
     except VoxmillError as exc:
-        return TaskResult(input=job_label(job), op=op, error=exc.to_dict()).to_dict()
+        return TaskResult(input=job_label(job, settings.max_text_chars), op=op, error=exc.to_dict()).to_dict()
     started = time.perf_counter()
     try:
         with process.metrics.in_flight(), process.serving(ROLES_BY_OP[op]) as sessions:
@@ -172,10 +186,15 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
             countdown=retry_countdown(task.request.retries),
             max_retries=process.settings.model_retries,
         ) from exc
-    try:
+    except Exception as exc:  # a bug, a time limit: said at once, and the driver sends the shard again
+        return failed_shard(payload, unexpected(exc, f"shard {spec.name}"))
+    try:  # a row the file cannot hold is stored as that utterance's output_error
+        results = storable_results(spec.op, results, utts)  # and counted so in the announcement
         path = write_shard(out, spec, results, utts)
-    except VoxmillError as exc:
+    except VoxmillError as exc:  # the file cannot be written: the driver sends the shard again
         return failed_shard(payload, exc)
+    except Exception as exc:
+        return failed_shard(payload, unexpected(exc, f"cannot write shard {spec.name}"))
     ok = sum(1 for r in results if r.ok)
     record(process, spec.op, results, time.perf_counter() - started, outcome="ok")
     return ShardResult(
@@ -275,6 +294,12 @@ def finished_shard(out: OutputLocation, spec: ShardSpec) -> ShardResult | None:
     return ShardResult(
         shard=spec.shard, op=spec.op, path=str(path), ok=ok, failed=failed, audio_seconds=0.0, seconds=0.0
     )
+
+
+def unexpected(exc: Exception, what: str) -> VoxmillError:
+    """An exception no code was meant for, as an `internal` error naming its class."""
+    log.exception("%s failed unexpectedly", what)
+    return VoxmillError(errors.INTERNAL, f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def failed_shard(payload: Any, exc: VoxmillError) -> ShardResult:
