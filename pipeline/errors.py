@@ -25,6 +25,8 @@ NO_SPEECH = "no_speech"
 STORE_ERROR = "store_error"
 # Wave 2: an utterance left out of a corpus's features by a quality filter (pipeline/quality.py).
 FILTERED = "filtered"
+# Wave 3: samples beyond `max_amplitude` after the decoder's own scaling: numbers, not audio.
+OUT_OF_RANGE = "out_of_range"
 
 CODES: tuple[str, ...] = (
     NOT_FOUND,
@@ -43,6 +45,7 @@ CODES: tuple[str, ...] = (
     NO_SPEECH,
     STORE_ERROR,
     FILTERED,
+    OUT_OF_RANGE,
 )
 
 

@@ -4,6 +4,10 @@
   30 s are tokenized in 30 s windows every 26 s (4 s overlap) over one log-mel of the whole
   clip, dropping half of each overlap on both inner sides (s3tokenizer's merge).
 - `embed`: Kaldi fbank (80) minus its mean over time -> `[1, T, 80]` -> 192 floats.
+
+Nothing that is not a number leaves here: non-finite features are `non_finite`, and a token id
+outside the tokenizer's codebook or a non-finite embedding is `model_error` (each one min/max
+pass over an array the model already read or wrote).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline import errors
-from pipeline.audio import Audio, Segment, load_audio
+from pipeline.audio import Audio, Segment, Source, load_audio
 from pipeline.errors import VoxmillError
 from pipeline.features import (
     HOP,
@@ -47,6 +51,10 @@ WARMUP_SECONDS = 3.0
 # and sparse modules, which `pipeline.features` imports on first use, are 0.15-0.2 s of it).
 SERVING_IMPORTS = ("onnxruntime", "pipeline.inference", "scipy.fft", "scipy.sparse")
 FloatArray = npt.NDArray[np.float32]
+# Token ids lie in [0, size) of the tokenizer variant's codebook: CosyVoice 1's VQ (4096), the FSQ
+# 3^8 of CosyVoice 2 and 3 and of the stand-ins (6561). Any other file gets the largest.
+CODEBOOK_SIZES = {"v1": 4096, "v1_25hz": 4096, "v2": 6561, "v3": 6561}
+DEFAULT_CODEBOOK_SIZE = 6561
 
 
 @dataclass
@@ -95,6 +103,58 @@ def embedder_inputs(wave: FloatArray) -> list[npt.NDArray[Any]]:
     return [mean_normalized(kaldi_fbank(wave))[np.newaxis, :, :]]
 
 
+def all_finite(values: npt.NDArray[Any]) -> bool:
+    """True when no element is NaN or Inf (a min and a max: no temporary array)."""
+    if values.size == 0:
+        return True
+    return bool(np.isfinite(values.min()) and np.isfinite(values.max()))
+
+
+def require_finite_features(features: npt.NDArray[Any], kind: str) -> None:
+    """`non_finite` when model input features hold a NaN or Inf (the audio was not audio)."""
+    if not all_finite(features):
+        bad = int(features.size - np.count_nonzero(np.isfinite(features)))
+        raise VoxmillError(
+            errors.NON_FINITE, f"{kind} features have {bad} non-finite values (NaN or Inf) of {features.size}"
+        )
+
+
+def codebook_size(session: ModelSession) -> int:
+    """How many token ids the tokenizer of `session` has (`CODEBOOK_SIZES`)."""
+    return CODEBOOK_SIZES.get(session.identified.variant.name, DEFAULT_CODEBOOK_SIZE)
+
+
+def checked_tokens(session: ModelSession, output: npt.NDArray[Any]) -> list[int]:
+    """The token ids of one tokenizer output, or `model_error` when any is not an id of its codebook."""
+    size = codebook_size(session)
+    if output.size and not np.issubdtype(output.dtype, np.integer):
+        raise VoxmillError(
+            errors.MODEL_ERROR, f"{session.path.name} gave {output.dtype} tokens, not integers"
+        )
+    if output.size and (output.min() < 0 or output.max() >= size):
+        outside = int(np.count_nonzero((output < 0) | (output >= size)))
+        raise VoxmillError(
+            errors.MODEL_ERROR,
+            f"{session.path.name} gave {outside} token ids outside [0, {size}) "
+            f"(from {int(output.min())} to {int(output.max())})",
+        )
+    tokens: list[int] = output.flatten().tolist()  # Python ints
+    return tokens
+
+
+def checked_embedding(session: ModelSession, output: npt.NDArray[Any]) -> FloatArray:
+    """One embedder output as float32 [D], or `model_error` when any value is NaN or Inf."""
+    embedding = np.asarray(output, dtype=np.float32).flatten()
+    if not all_finite(embedding):
+        bad = int(embedding.size - np.count_nonzero(np.isfinite(embedding)))
+        raise VoxmillError(
+            errors.MODEL_ERROR,
+            f"{session.path.name} gave an embedding with {bad} non-finite values (NaN or Inf) "
+            f"of {embedding.size}",
+        )
+    return embedding
+
+
 def tokenize(session: ModelSession, wave: FloatArray, timings: Timings | None = None) -> list[int]:
     """Speech tokens of a 16 kHz float32 wave (any length; windows beyond 30 s).
 
@@ -102,15 +162,15 @@ def tokenize(session: ModelSession, wave: FloatArray, timings: Timings | None = 
     """
     started = time.perf_counter()
     log_mel = np.ascontiguousarray(whisper_log_mel(wave, n_mels=128))
+    require_finite_features(log_mel, "log-mel")
     if timings is not None:
         started = timings.add("log_mel", started)
     n_frames = log_mel.shape[1]
     windows = []
     for start in window_starts(n_frames):
         window = np.ascontiguousarray(log_mel[:, start : start + WINDOW_FRAMES])
-        windows.append(session.run(tokenizer_inputs(window))[0].flatten().tolist())
-    tokens = windows[0] if len(windows) == 1 else merge_windows(windows, session.token_rate_hz)
-    result = [int(t) for t in tokens]
+        windows.append(checked_tokens(session, session.run(tokenizer_inputs(window))[0]))
+    result = windows[0] if len(windows) == 1 else merge_windows(windows, session.token_rate_hz)
     if timings is not None:
         timings.add("tokenize", started)
     return result
@@ -123,10 +183,10 @@ def embed(session: ModelSession, wave: FloatArray, timings: Timings | None = Non
     """
     started = time.perf_counter()
     inputs = embedder_inputs(wave)
+    require_finite_features(inputs[0], "fbank")
     if timings is not None:
         started = timings.add("fbank", started)
-    output = session.run(inputs)[0]
-    embedding = np.asarray(output, dtype=np.float32).flatten()
+    embedding = checked_embedding(session, session.run(inputs)[0])
     if timings is not None:
         timings.add("embed", started)
     return embedding
@@ -199,7 +259,7 @@ def audio_stats(audio: Audio, speech: SpeechCheck | None, timings: Timings) -> d
 
 def run_clip(
     label: str,
-    source: str | Path | bytes,
+    source: Source,
     op: str,
     sessions: Mapping[str, ModelSession],
     limits: AudioLimits,

@@ -184,6 +184,23 @@ def corrupt_flac(place: Place) -> Path:
     return place.write("corrupt.flac", corrupt_middle(encoded(speech(), fmt="FLAC"), 300))
 
 
+def flac_8ch_192k_long(place: Place) -> Path:
+    """Issue 31's FLAC: 8 channels at 192 kHz, 599 s of a constant signal (952 KB, 3.4 GB decoded)."""
+    path = place.folder / "eight_channels_192k.flac"
+    second = np.full((192000, 8), 0.25, dtype=np.float32)
+    with sf.SoundFile(path, "w", 192000, 8, format="FLAC", subtype="PCM_16") as sound:
+        for _ in range(599):
+            sound.write(second)
+    return path
+
+
+def beyond_full_scale(peak: float, channels: int = 1) -> bytes:
+    """A 32-bit float WAV of speech scaled to `peak` (1.0 is full scale): numbers, not audio."""
+    samples = speech().astype(np.float64)
+    samples = (samples / np.max(np.abs(samples)) * peak).astype(np.float32)
+    return encoded(np.stack([samples] * channels, axis=1) if channels > 1 else samples, subtype="FLOAT")
+
+
 # --------------------------------------------------------------------------- the catalogue
 
 
@@ -421,6 +438,27 @@ CASES: list[Case] = [
         "unreadable",
         "could not be decoded",
     ),
+    Case(
+        "flac_8ch_192k_long",
+        "FLAC, 8 channels at 192 kHz, 599 s of a constant signal (952 KB; 3.4 GB decoded)",
+        flac_8ch_192k_long,
+        "too_large",
+        "decoding would take 3.4 GB (8 channels at 192000 Hz for 9 min 59 s); the limit is 256 MB",
+    ),
+    file_case(
+        "float_1e30",
+        "32-bit float WAV of speech peaking at 1e30",
+        lambda: beyond_full_scale(1e30),
+        "out_of_range",
+        "clip has a sample of magnitude 1e+30; the limit is 100 (1.0 is full scale)",
+    ),
+    file_case(
+        "float_3e38_stereo",
+        "stereo 32-bit float WAV peaking at 3e38 (the channels' mean overflows float32)",
+        lambda: beyond_full_scale(3e38, channels=2),
+        "out_of_range",
+        "clip has a sample of magnitude 3e+38",
+    ),
 ]
 CASE_NAMES = [case.name for case in CASES]
 GOOD_UTTS = [f"good_{i}" for i in range(4)]  # spread through the corpus around the bad files
@@ -564,9 +602,11 @@ def send_wire_cases(state: Run, client: Client) -> None:
         ("job_is_list", ["a.wav"]),
         ("no_known_field", {"file": "a.wav"}),
         ("path_has_nul", {"path": "a\x00b.wav"}),
+        ("path_too_long", {"path": "a/" * 500_000 + "b.wav"}),
+        ("name_too_long", {"audio": b"RIFF", "name": "n" * 200_000}),
     ]
     for name, payload in wrong_types:
-        serializer = "msgpack" if name == "name_is_int" else "json"
+        serializer = "msgpack" if name.startswith("name_") else "json"
         value = app.send_task("voxmill.embed", args=[payload], queue="embed", serializer=serializer)
         state.wire[name] = observed(TaskResult.from_dict(value.get(timeout=JOB_TIMEOUT_S)))
     call = app.send_task("voxmill.embed", args=[{"path": "a.wav"}, "extra"], queue="embed")
@@ -741,12 +781,16 @@ WIRE_EXPECTED = {
     "job_is_list": ("bad_request", "job must be an object, not list"),
     "no_known_field": ("bad_request", "job needs 'path' (a string) or 'audio' (bytes)"),
     "path_has_nul": ("bad_request", "contains a NUL byte"),
+    "path_too_long": ("bad_request", "'path' is 1000005 characters long; the limit is 4096"),
+    "name_too_long": ("bad_request", "'name' is 200000 characters long; the limit is 4096"),
     "two_arguments": ("bad_request", "takes one job argument; got 2 positional"),
     "unknown_content_type": ("refused", f"untrusted content of type {UNKNOWN_TYPE}"),
     "body_not_json": ("refused", "Can't decode message body"),
 }
 WIRE_TITLES = {
-    "payload_over_limit": "bytes payload over `max_payload_bytes` (a valid 32 MB WAV)",
+    "payload_over_limit": (
+        "bytes payload over `max_payload_bytes` (a valid 32 MB WAV): answered by the producer, nothing sent"
+    ),
     "path_is_int": 'JSON job `{"path": 5}`',
     "path_is_list": 'JSON job `{"path": ["a.wav"]}`',
     "audio_is_str": 'JSON job `{"audio": "UklGRg=="}` (base64 text, not bytes)',
@@ -754,6 +798,8 @@ WIRE_TITLES = {
     "job_is_list": 'JSON job `["a.wav"]` (not an object)',
     "no_known_field": 'JSON job `{"file": "a.wav"}`',
     "path_has_nul": "JSON job whose path holds a NUL byte",
+    "path_too_long": "JSON job whose path is `a/` 500,000 times (1 MB of slashes)",
+    "name_too_long": "msgpack job whose name is 200,000 characters",
     "two_arguments": "task called with two arguments instead of one job",
     "unknown_content_type": f"message with content type `{UNKNOWN_TYPE}`",
     "body_not_json": "message claiming `application/json` whose body does not parse",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import threading
+import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +21,7 @@ from pipeline.audio import (
     TARGET_RATE_HZ,
     Audio,
     AudioInfo,
+    Segment,
     check_samples,
     load_audio,
     probe_audio,
@@ -30,6 +33,7 @@ from pipeline.errors import (
     EMPTY,
     NON_FINITE,
     NOT_FOUND,
+    OUT_OF_RANGE,
     TOO_LARGE,
     TOO_LONG,
     TOO_SHORT,
@@ -96,6 +100,7 @@ def forbid_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(sf, "read", boom)
     monkeypatch.setattr(sf.SoundFile, "read", boom)
+    monkeypatch.setattr(audio_mod, "_read_into", boom)
     monkeypatch.setattr(audio_mod, "_decode_with_audioread", boom)
 
 
@@ -408,20 +413,38 @@ def test_too_long_message_in_hours(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_header_that_understates_the_length_is_caught_while_decoding(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """libsndfile never decodes past the frames its header gives; the audioread fallback's header
+    is an estimate, so its decoding stops one frame past the limit."""
     path = write(tmp_path / "s.wav", sine(16000, 2.0), 16000)
-    fake_header(monkeypatch, 8000)
-    decoded: list[int] = []
-    real_read = sf.SoundFile.read
+    fallback_with_header(monkeypatch, frames=8000)
+    mixed: list[int] = []
+    real_mix = audio_mod._mix_pcm16
 
-    def counting_read(*args: Any, **kwargs: Any) -> Any:
-        data = real_read(*args, **kwargs)
-        decoded.append(len(data))
-        return data
+    def counting_mix(pending: bytearray, channels: int, cap: int, into: Any, skip: int) -> int:
+        before = into.frames
+        left = real_mix(pending, channels, cap, into, skip)
+        mixed.append(into.frames - before)
+        return left
 
-    monkeypatch.setattr(sf.SoundFile, "read", counting_read)
+    monkeypatch.setattr(audio_mod, "_mix_pcm16", counting_mix)
     error = refused(path, TOO_LONG, AudioLimits(max_duration_s=1.0))
-    assert "longer than its header says" in error.message
-    assert decoded == [16001]  # decoding stopped one frame past the limit, not at 2 s
+    assert error.message == "clip is longer than its header says (500 ms); the limit is 1 s"
+    assert sum(mixed) == 16001  # decoding stopped one frame past the limit, not at 2 s
+
+
+def fallback_with_header(monkeypatch: pytest.MonkeyPatch, frames: int | None = None) -> None:
+    """libsndfile refuses every clip, so paths go to audioread, whose header says `frames`."""
+    refuse_header(monkeypatch, lambda: (_ for _ in ()).throw(sf.LibsndfileError(1, "Error opening: ")))
+    if frames is None:
+        return
+    real = audio_mod._probe_with_audioread
+
+    def probe(path: Path) -> Any:
+        info = real(path)
+        assert isinstance(info, AudioInfo)
+        return dataclasses.replace(info, frames=frames, duration_s=frames / info.sample_rate_hz)
+
+    monkeypatch.setattr(audio_mod, "_probe_with_audioread", probe)
 
 
 # --------------------------------------------------------------------------- decoding quirks
@@ -576,6 +599,7 @@ def test_check_samples() -> None:
         (sine(16000, 0.05), TOO_SHORT),
         (np.zeros(1600, dtype=np.float32), EMPTY),
         (np.zeros((1600, 2), dtype=np.float32), BAD_REQUEST),
+        (np.array([0.1, 1e30] * 1000, dtype=np.float32), OUT_OF_RANGE),
     ]:
         with pytest.raises(VoxmillError) as info:
             check_samples(samples, LIMITS)
@@ -588,3 +612,224 @@ def test_to_mono_equals_numpys_channel_mean_exactly(channels: int) -> None:
     mono = to_mono(frames)
     assert mono.dtype == np.float32
     assert np.array_equal(mono, frames.mean(axis=1, dtype=np.float32))
+
+
+# --------------------------------------------------------------------------- amplitude
+
+
+def out_of_range_message(shown: str, limit: str = "100") -> str:
+    return (
+        f"clip has a sample of magnitude {shown}; the limit is {limit} (1.0 is full scale): "
+        "numbers, not audio"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [(1e30, "1e+30"), (3e38, "3e+38"), (-1e30, "1e+30"), (101.0, "101")]
+)
+def test_samples_beyond_the_amplitude_limit_are_out_of_range(
+    tmp_path: Path, value: float, shown: str
+) -> None:
+    samples = sine(16000, 0.2)
+    samples[100] = value
+    path = write(tmp_path / "loud.wav", samples, 16000, subtype="FLOAT")
+    assert refused(path, OUT_OF_RANGE).message == out_of_range_message(shown)
+    assert refused(path.read_bytes(), OUT_OF_RANGE).message == out_of_range_message(shown)
+
+
+def test_a_stereo_pair_whose_mean_would_overflow_is_out_of_range(tmp_path: Path) -> None:
+    stereo = np.full((3200, 2), 3e38, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(to_mono(stereo)).any()  # (a + b) / 2 overflows float32 to Inf
+    path = write(tmp_path / "huge.wav", stereo, 16000, subtype="FLOAT")
+    assert refused(path, OUT_OF_RANGE).message == out_of_range_message("3e+38")
+
+
+def test_the_amplitude_limit_is_inclusive_and_comes_from_the_limits(tmp_path: Path) -> None:
+    samples = sine(16000, 0.2)
+    samples[[100, 200]] = [100.0, -100.0]
+    path = write(tmp_path / "edge.wav", samples, 16000, subtype="FLOAT")
+    assert float(np.max(np.abs(load_audio(path, LIMITS).samples))) == 100.0
+    refused(path, OUT_OF_RANGE, AudioLimits(max_amplitude=99.5))
+    # after the decoder's own scaling: full-scale 16-bit PCM is 1.0 at most
+    full = write(tmp_path / "full.wav", np.full(3200, -32768, dtype=np.int16), 16000, subtype="PCM_16")
+    assert float(load_audio(full, AudioLimits(max_amplitude=1.0)).samples.min()) == -1.0
+
+
+def test_non_finite_is_reported_before_out_of_range(tmp_path: Path) -> None:
+    samples = sine(16000, 0.2)
+    samples[10], samples[20] = np.nan, 1e30
+    path = write(tmp_path / "both.wav", samples, 16000, subtype="FLOAT")
+    assert refused(path, NON_FINITE).message == "clip has 1 non-finite samples (NaN or Inf)"
+
+
+def test_a_segment_judges_the_amplitude_of_the_channel_it_keeps(tmp_path: Path) -> None:
+    stereo = sine(16000, 1.0, channels=2)
+    stereo[8000, 1] = 1e30
+    path = write(tmp_path / "one_loud.wav", stereo, 16000, subtype="FLOAT")
+    assert load_audio(path, LIMITS, segment=Segment(0.0, 1.0, 0)).duration_s == 1.0
+    with pytest.raises(VoxmillError) as loud:
+        load_audio(path, LIMITS, segment=Segment(0.0, 1.0, 1))
+    assert loud.value.code == OUT_OF_RANGE
+    with pytest.raises(VoxmillError) as mixed:
+        load_audio(path, LIMITS, segment=Segment(0.25, 0.75))
+    assert mixed.value.code == OUT_OF_RANGE
+
+
+# --------------------------------------------------------------------------- decode budget
+
+
+def constant(frames: int, channels: int, value: float = 0.25) -> np.ndarray:
+    return np.full((frames, channels), value, dtype=np.float32)
+
+
+def test_the_decode_budget_is_judged_from_the_header_before_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path / "eight.flac", constant(16000, 8), 16000, format="FLAC")  # 512,000 bytes decoded
+    forbid_decoding(monkeypatch)
+    limits = AudioLimits(max_decoded_bytes=256 * 1024)
+    expected = "decoding would take 500 KB (8 channels at 16000 Hz for 1 s); the limit is 256 KB"
+    assert refused(path, TOO_LARGE, limits).message == expected
+    assert refused(path.read_bytes(), TOO_LARGE, limits).message == expected
+    with pytest.raises(VoxmillError) as probed:
+        probe_audio(path, limits)
+    assert probed.value.code == TOO_LARGE
+
+
+def test_a_clip_at_exactly_the_budget_decodes(tmp_path: Path) -> None:
+    path = write(tmp_path / "eight.flac", constant(16000, 8), 16000, format="FLAC")
+    clip = load_audio(path, AudioLimits(max_decoded_bytes=16000 * 8 * 4))
+    assert clip.channels == 8 and len(clip.samples) == 16000
+    refused(path, TOO_LARGE, AudioLimits(max_decoded_bytes=16000 * 8 * 4 - 1))
+
+
+def test_eight_channels_at_192k_for_10_minutes_are_too_large_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adversarial FLAC of issue 31 (952 KB; 4.6 GB decoded), told from its header."""
+    path = write(tmp_path / "s.flac", constant(19200, 8), 192000, format="FLAC")
+    fake_header(monkeypatch, 599 * 192000)
+    forbid_decoding(monkeypatch)
+    assert refused(path, TOO_LARGE).message == (
+        "decoding would take 3.4 GB (8 channels at 192000 Hz for 9 min 59 s); the limit is 256 MB"
+    )
+
+
+def test_a_header_that_understates_the_length_is_stopped_at_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pcm = np.random.default_rng(6).integers(-20000, 20000, size=(32000, 2), dtype=np.int16)
+    path = write(tmp_path / "s.wav", pcm, 16000, subtype="PCM_16")  # 2 s: 256,000 bytes decoded
+    fallback_with_header(monkeypatch, frames=8000)  # says 0.5 s: 64,000 bytes
+    limits = AudioLimits(max_decoded_bytes=100_000)  # 12,500 stereo frames
+    mixed: list[int] = []
+    real_add = audio_mod._Mixdown.add
+
+    def counting_add(self: Any, block: Any) -> None:
+        mixed.append(len(block))
+        real_add(self, block)
+
+    monkeypatch.setattr(audio_mod._Mixdown, "add", counting_add)
+    error = refused(path, TOO_LARGE, limits)
+    assert error.message == (
+        "clip is longer than its header says (500 ms): decoding would take more than 97.7 KB, the limit"
+    )
+    assert sum(mixed) == 12_501  # one frame past the budget, not the whole 2 s
+
+
+def test_a_segment_is_budgeted_on_its_own_frames(tmp_path: Path) -> None:
+    path = write(tmp_path / "eight.wav", constant(32000, 8), 16000, subtype="FLOAT")  # 1,024,000 bytes
+    limits = AudioLimits(max_decoded_bytes=600_000)
+    refused(path, TOO_LARGE, limits)
+    assert load_audio(path, limits, segment=Segment(0.5, 1.5)).duration_s == 1.0
+    with pytest.raises(VoxmillError) as over:
+        load_audio(path, limits, segment=Segment(0.0, 1.5))
+    assert over.value.code == TOO_LARGE and "(8 channels at 16000 Hz for 1.5 s)" in over.value.message
+
+
+def test_the_audioread_fallback_keeps_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pcm = np.random.default_rng(6).integers(-20000, 20000, size=(16000, 2), dtype=np.int16)
+    path = write(tmp_path / "s.wav", pcm, 16000, subtype="PCM_16")  # 128,000 bytes decoded
+    fallback_with_header(monkeypatch)
+    limits = AudioLimits(max_decoded_bytes=100_000)
+    assert refused(path, TOO_LARGE, limits).message == (
+        "decoding would take 125 KB (2 channels at 16000 Hz for 1 s); the limit is 97.7 KB"
+    )
+    part = load_audio(path, limits, segment=Segment(0.25, 0.75))
+    assert part.duration_s == 0.5 and part.codec == AUDIOREAD_FORMAT
+
+
+# --------------------------------------------------------------------------- decoding in blocks
+
+BLOCK_FORMATS = [
+    pytest.param("wav", {"subtype": "FLOAT"}, 8, id="wav-float"),
+    pytest.param("wav", {"subtype": "PCM_24"}, 8, id="wav-pcm24"),
+    pytest.param("flac", {"format": "FLAC"}, 8, id="flac"),
+    pytest.param("ogg", {"format": "OGG", "subtype": "VORBIS"}, 8, id="ogg"),
+    pytest.param("mp3", {"format": "MP3"}, 2, id="mp3"),
+]
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 6, 8])
+@pytest.mark.parametrize(("ext", "kwargs", "most_channels"), BLOCK_FORMATS)
+def test_decoding_in_blocks_gives_the_numbers_of_one_read_exactly(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ext: str,
+    kwargs: dict[str, str],
+    most_channels: int,
+    channels: int,
+) -> None:
+    if channels > most_channels:
+        pytest.skip(f"{ext} holds at most {most_channels} channels")
+    frames = np.random.default_rng(channels).uniform(-0.5, 0.5, (11025, channels)).astype(np.float32)
+    path = write(tmp_path / f"x.{ext}", frames, 22050, **kwargs)
+    block_bytes = 4 * channels * 1000 + 12  # blocks of 1000 frames: the last one is short
+    monkeypatch.setattr(audio_mod, "DECODE_BLOCK_BYTES", block_bytes)
+    assert np.array_equal(load_audio(path, LIMITS).samples, resample(one_read(path), 22050))
+    part = load_audio(path, LIMITS, segment=Segment(0.1, 0.4))
+    assert np.array_equal(part.samples, resample(one_read(path, 2205, 6615), 22050))
+
+
+def one_read(path: Path, first: int = 0, frames: int = -1) -> np.ndarray:
+    """The mono mix of one read from a fresh handle (soundfile's `sf.read` seeks to 0 first, and a
+    seek restarts an MP3 decoder, which then gives slightly different samples)."""
+    with sf.SoundFile(path) as sound:
+        if first:
+            sound.seek(first)
+        return to_mono(sound.read(frames, dtype="float32", always_2d=True))
+
+
+def test_the_audioread_fallback_decodes_in_blocks_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pcm = np.random.default_rng(7).integers(-32768, 32767, size=(10007, 3), dtype=np.int16)
+    path = write(tmp_path / "s.wav", pcm, 16000, subtype="PCM_16")
+    expected = to_mono(pcm.astype(np.float32) / np.float32(32768.0))
+    fallback_with_header(monkeypatch)
+    monkeypatch.setattr(audio_mod, "DECODE_BLOCK_BYTES", 1001)  # 83 frames, a fraction of a chunk
+    assert np.array_equal(load_audio(path, LIMITS).samples, expected)
+    assert np.array_equal(load_audio(path, LIMITS, segment=Segment(0.1, 0.4)).samples, expected[1600:6400])
+    third = load_audio(path, LIMITS, segment=Segment(0.5, None, 2))
+    assert np.array_equal(third.samples, pcm[8000:, 2] / np.float32(32768.0))
+
+
+def test_a_multichannel_clip_costs_its_mono_samples_plus_a_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """8 channels, 20 s: 10 MB decoded at once before; now 1.3 MB of mono plus one block."""
+    frames = 20 * 16000
+    path = write(tmp_path / "eight.flac", sine(16000, 20.0, channels=8), 16000, format="FLAC")
+    monkeypatch.setattr(audio_mod, "DECODE_BLOCK_BYTES", 256 * 1024)
+    tracemalloc.start()
+    try:
+        clip = load_audio(path, LIMITS)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(clip.samples) == frames
+    mono_bytes = 4 * frames
+    mib = 2**20
+    print(f"peak {peak / mib:.2f} MiB; mono {mono_bytes / mib:.2f} MiB, decoded {8 * mono_bytes / mib:.1f}")
+    assert peak < mono_bytes + 3 * audio_mod.DECODE_BLOCK_BYTES

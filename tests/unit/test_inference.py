@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+import soundfile as sf
+from onnx import TensorProto, helper, numpy_helper
 
 from pipeline import Extractor
-from pipeline.errors import VoxmillError
+from pipeline.errors import MODEL_ERROR, NON_FINITE, OUT_OF_RANGE, VoxmillError
 from pipeline.features import whisper_log_mel
 from pipeline.inference import (
     STRIDE_FRAMES,
     WINDOW_FRAMES,
     merge_windows,
     run_clip,
+    tokenize,
     tokenizer_inputs,
     window_starts,
 )
+from pipeline.registry import Registry
+from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.settings import AudioLimits
-from pipeline.standin import make_standins
+from pipeline.standin import make_standins, write_model
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -121,7 +128,6 @@ def test_extractor_without_a_role_says_so(tmp_path: Path) -> None:
     assert caught.value.code == "model_error" and "tokenizer" in caught.value.message
 
 
-
 @pytest.mark.parametrize("blas", ["dot", "vdot", "inner", "matmul", "tensordot"])
 def test_a_clip_calls_no_blas(tiny_models: Path, blas: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Worker processes run one single-threaded model each, one per core: a BLAS call in the per-clip
@@ -158,3 +164,123 @@ def test_an_unexpected_exception_fails_that_clip_alone_as_internal(
     assert broken.error == {"code": "internal", "message": "RuntimeError: a bug"}
     assert broken.stats is not None  # what was known before the bug is kept
     assert run_clip("y", FIXTURES / "chirp_3s.wav", "extract", extractor.sessions, AudioLimits()).ok
+
+
+# --------------------------------------------------------------------------- numbers that are not audio
+
+
+def bad_tokenizer(token: int) -> onnx.ModelProto:
+    """A tokenizer with the real signature whose every token is `token` (one per feature frame)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["feats"], ["level"], axes=[1], keepdims=0),  # [1, T]
+            helper.make_node("Mul", ["level", "zero"], ["zeros"]),
+            helper.make_node("Cast", ["zeros"], ["zeros_i64"], to=TensorProto.INT64),
+            helper.make_node("Add", ["zeros_i64", "token"], ["indices"]),
+        ],
+        "bad_tokenizer",
+        [
+            helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+            helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1]),
+        ],
+        [helper.make_tensor_value_info("indices", TensorProto.INT64, [1, "T"])],
+        [
+            numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero"),
+            numpy_helper.from_array(np.array(token, dtype=np.int64), "token"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def nan_embedder() -> onnx.ModelProto:
+    """An embedder with the real signature whose embedding is 192 x NaN."""
+    weights = np.zeros((80, 192), dtype=np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["input"], ["pooled"], axes=[1], keepdims=0),  # [B, 80]
+            helper.make_node("MatMul", ["pooled", "weights"], ["projected"]),
+            helper.make_node("Add", ["projected", "nan"], ["output"]),
+        ],
+        "nan_embedder",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["B", "T", 80])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["B", 192])],
+        [
+            numpy_helper.from_array(weights, "weights"),
+            numpy_helper.from_array(np.full(192, np.nan, dtype=np.float32), "nan"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def loaded(model: onnx.ModelProto, path: Path, role: str) -> ModelSession:
+    """`model` loaded as `role` the way a worker loads it, without the warm-up (which would refuse
+    a NaN embedder before it serves)."""
+    write_model(model, path)
+    return ModelSession.load(path, role, SessionOptions(provider="cpu"), Registry.load())
+
+
+def float_wav(path: Path, value: float) -> Path:
+    samples = speech(1.0)
+    samples[4000] = value
+    sf.write(path, samples, 16000, subtype="FLOAT")
+    return path
+
+
+@pytest.mark.parametrize("value", [1e30, 3e38])
+def test_a_clip_of_numbers_not_audio_is_out_of_range_and_its_result_is_json(
+    extractor: Extractor, tmp_path: Path, value: float
+) -> None:
+    """Issue 31: a float WAV of 1e30 gave 192 x NaN and tokens of -2^63 (bare NaN in the JSON)."""
+    path = float_wav(tmp_path / "loud.wav", value)
+    result = run_clip("loud", path, "extract", extractor.sessions, AudioLimits())
+    assert result.error is not None and result.error["code"] == OUT_OF_RANGE
+    assert result.speech_token is None and result.embedding is None
+    json.dumps(result.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("value", [1e30, np.inf])
+def test_features_that_are_not_finite_are_non_finite(extractor: Extractor, value: float) -> None:
+    """Waves handed over as arrays skip `load_audio`'s checks; their features are checked."""
+    wave = speech(1.0)
+    wave[4000] = value
+    for extract, kind in ((extractor.tokenize, "log-mel"), (extractor.embed, "fbank")):
+        with pytest.raises(VoxmillError) as caught:
+            extract(wave)
+        assert caught.value.code == NON_FINITE and f"{kind} features have" in caught.value.message
+
+
+@pytest.mark.parametrize("token", [-1, 6561, -(2**63)])
+def test_token_ids_outside_the_codebook_are_a_model_error(tmp_path: Path, token: int) -> None:
+    session = loaded(bad_tokenizer(token), tmp_path / "speech_tokenizer_v2.onnx", "tokenizer")
+    wave = speech(2.0)
+    with pytest.raises(VoxmillError) as caught:
+        tokenize(session, wave)
+    assert caught.value.code == MODEL_ERROR
+    assert f"gave 200 token ids outside [0, 6561) (from {token} to {token})" in caught.value.message
+    path = tmp_path / "ok.wav"
+    sf.write(path, wave, 16000)
+    result = run_clip("clip", path, "tokenize", {"tokenizer": session}, AudioLimits())
+    assert result.error is not None and result.error["code"] == MODEL_ERROR
+    assert result.speech_token is None
+
+
+def test_the_codebook_is_the_variants(tmp_path: Path) -> None:
+    """CosyVoice 1's tokenizer has 4096 ids, 2 and 3 have 6561: 5000 is fine only for v2."""
+    v2 = loaded(bad_tokenizer(5000), tmp_path / "speech_tokenizer_v2.onnx", "tokenizer")
+    assert set(tokenize(v2, speech(1.0))) == {5000}
+    v1 = loaded(bad_tokenizer(5000), tmp_path / "speech_tokenizer_v1.onnx", "tokenizer")
+    with pytest.raises(VoxmillError) as caught:
+        tokenize(v1, speech(1.0))
+    assert caught.value.code == MODEL_ERROR and "outside [0, 4096)" in caught.value.message
+
+
+def test_a_nan_embedding_is_a_model_error_for_that_clip_alone(extractor: Extractor, tmp_path: Path) -> None:
+    session = loaded(nan_embedder(), tmp_path / "campplus.onnx", "embedder")
+    path = tmp_path / "ok.wav"
+    sf.write(path, speech(1.0), 16000)
+    sessions = {"tokenizer": extractor.sessions["tokenizer"], "embedder": session}
+    result = run_clip("clip", path, "extract", sessions, AudioLimits())
+    assert result.error is not None and result.error["code"] == MODEL_ERROR
+    assert "embedding with 192 non-finite values (NaN or Inf) of 192" in result.error["message"]
+    json.dumps(result.to_dict(), allow_nan=False)
+    assert run_clip("clip", path, "tokenize", sessions, AudioLimits()).ok  # the other op still serves

@@ -14,6 +14,8 @@ outage while waiting is ridden out with backoff until the deadline (listening re
 what has not come back by then is a `timeout` error, which says why when it can.
 
 Every job is answered once (`workers.queue.delivery` decides, this module looks and acts):
+- A bytes job over `max_payload_bytes` is answered `too_large` by `submit` itself: nothing is
+  sent, and its result comes back in its place among the others.
 - `submit` raises `NoConsumer` when no live worker consumes the job's queue (the heartbeat
   records `keys.WORKER` say which queues each process consumes).
 - A job that every live consumer of its queue cannot run (a model it needs failed to load) is
@@ -32,6 +34,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,10 +45,11 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from pipeline.errors import MODEL_ERROR
+from pipeline.errors import MODEL_ERROR, TOO_LARGE
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
 from pipeline.storage import is_url, mend_url
+from pipeline.units import format_bytes
 from workers import keys, tuning
 from workers.queue import connections
 from workers.queue.app import TASK_NAMES, create_app
@@ -99,6 +103,16 @@ def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, Ta
         return refused("unreadable", f"cannot read {path}: {exc.strerror}")
 
 
+def payload_refusal(op: str, label: str, size: int, max_payload_bytes: int) -> TaskResult | None:
+    """The `too_large` result of a bytes job of `size` bytes over the limit (in the worker's words),
+    else None."""
+    if size <= max_payload_bytes:
+        return None
+    message = f"payload is {format_bytes(size)}; the limit is {format_bytes(max_payload_bytes)}"
+    return TaskResult(input=label, op=op, error={"code": TOO_LARGE, "message": message})
+
+
+
 class BrokerNotConfigured(RuntimeError):
     """No broker URL: says exactly what to set or run."""
 
@@ -120,7 +134,11 @@ class NoConsumer(RuntimeError):
 
 @dataclass(frozen=True)
 class Job:
-    """One submitted input: its label, op and task id, and what was sent (to send it again)."""
+    """One submitted input: its label, op and task id, and what was sent (to send it again).
+
+    `answer`: the result the producer gave it without sending anything (a payload over the
+    limit); `completed` yields it at once.
+    """
 
     label: str
     op: str
@@ -128,6 +146,7 @@ class Job:
     payload: Any = field(default=None, repr=False, compare=False)
     serializer: str = field(default="json", repr=False, compare=False)
     sent_at: float = field(default_factory=time.monotonic, repr=False, compare=False)
+    answer: TaskResult | None = field(default=None, repr=False, compare=False)
 
 
 def timed_out(job: Job, timeout_s: float, reason: str = "") -> TaskResult:
@@ -253,11 +272,15 @@ class Client:
         """Queue one input: a path (sent as its absolute path; workers read it), a URL (s3://...) or
         raw bytes. Its result's `input` is `name`, else the path or URL as given.
 
+        Bytes over `max_payload_bytes` are not sent: the job is answered `too_large` here.
         `NoConsumer` when no live worker consumes the op's queue (nothing is sent then)."""
         if op not in TASK_NAMES:
             raise ValueError(f"op must be one of {', '.join(OPS)}, not {op!r}")
         if isinstance(audio, (bytes, bytearray)):
             label = name or "<bytes>"
+            refused = payload_refusal(op, label, len(audio), self.settings.max_payload_bytes)
+            if refused is not None:
+                return Job(label=label, op=op, id=f"refused-{uuid.uuid4()}", answer=refused)
             payload: dict[str, Any] = {"audio": bytes(audio), "name": label}
             serializer = "msgpack"
         else:
@@ -285,6 +308,15 @@ class Client:
         self, jobs: list[Job], timeout_s: float = 300.0, poll_s: float = tuning.RESULT_POLL_S
     ) -> Iterator[tuple[Job, TaskResult]]:
         """Like `as_completed`, with each result's job."""
+        for job in jobs:
+            if job.answer is not None:  # answered by `submit`: never sent
+                yield job, job.answer
+        sent = [job for job in jobs if job.answer is None]
+        if sent:
+            yield from self._collect(sent, timeout_s, poll_s)
+
+    def _collect(self, jobs: list[Job], timeout_s: float, poll_s: float) -> Iterator[tuple[Job, TaskResult]]:
+        """The results of sent `jobs` as they come back; `timeout` errors for those late at the deadline."""
         backend = self.app.backend
         pending = {backend.get_key_for_task(job.id): job for job in jobs}
         deliveries = {job.id: Delivery(job.op, job.sent_at) for job in jobs}
