@@ -47,9 +47,9 @@ def main() -> None:
     marks: dict[str, Any] = {}
     submit = driver.CorpusDriver._submit
 
-    def timed_submit(self: Any, spec: Any, attempts: int = 1) -> None:
+    def timed_submit(self: Any, spec: Any, *args: Any, **kwargs: Any) -> None:
         marks.setdefault("first_shard_submitted_s", round(time.time() - STARTED, 3))
-        submit(self, spec, attempts)
+        submit(self, spec, *args, **kwargs)
 
     from pipeline import merge as merge_module
 

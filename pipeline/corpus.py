@@ -45,8 +45,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -54,7 +55,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from pipeline import storage
 from pipeline.errors import BAD_REQUEST, VoxmillError
 from pipeline.records import OPS, Utterance
-from pipeline.storage import is_url
+from pipeline.storage import MAX_TEXT_CHARS, is_url
 
 if TYPE_CHECKING:
     from pipeline.listed_ids import ListedIds
@@ -139,11 +140,17 @@ class CorpusListing:
 
     `tars` is set when the source is WebDataset tar shards: then each item is a tar, not an
     utterance (`Utterance(utt=tar as listed, path=tar)`). `find_repeats` False: the listing is
-    read only for its paths, and ids listed twice are not looked for.
+    read only for its paths, and ids listed twice are not looked for. `max_text_chars`: the
+    longest utt, speaker, recording id, path or URL a line may carry (`Settings.max_text_chars`),
+    told before any path call; None: no limit. A name or path holding a NUL byte, or text that
+    is not valid Unicode (a lone surrogate from a JSON escape), is a problem whatever the limit.
     """
 
-    def __init__(self, source: Source, find_repeats: bool = True) -> None:
+    def __init__(
+        self, source: Source, find_repeats: bool = True, max_text_chars: int | None = MAX_TEXT_CHARS
+    ) -> None:
         self.source: Source = as_source(source)
+        self.limit = max_text_chars
         self.problems = _Problems()
         self.durations_listed = False
         self.count = 0
@@ -169,7 +176,7 @@ class CorpusListing:
             utts = self._folder(source)
         elif source.is_file() and source.name == KALDI_WAV_SCP:
             utts = self._kaldi(source.parent)
-        elif source.is_file() and _is_jsonl(source.name):
+        elif source.is_file() and is_jsonl(source.name):
             utts = self._jsonl(source)
         elif not source.exists():
             self.problems.add(source, None, "no such file or folder")
@@ -187,7 +194,7 @@ class CorpusListing:
 
     def _remote(self, url: str) -> Iterator[Utterance]:
         """A listing file at a URL: a JSONL manifest or lhotse cuts."""
-        if _is_jsonl(url):
+        if is_jsonl(url):
             return self._jsonl(url)
         self.problems.add(
             url,
@@ -223,15 +230,18 @@ class CorpusListing:
         self.problems.register(
             wav_scp, *(folder / name for name in (KALDI_UTT2SPK, KALDI_TEXT, KALDI_UTT2DUR))
         )
-        speakers = _SideFile(folder / KALDI_UTT2SPK, self.problems, "utt spk", single_word=True)
-        texts = _SideFile(folder / KALDI_TEXT, self.problems, "utt words", single_word=False)
-        durations = _SideFile(folder / KALDI_UTT2DUR, self.problems, "utt seconds", single_word=True)
+        speakers, texts, durations = self._side_files(folder)
         self.durations_listed = durations.exists
         base = str(folder.absolute())
         for line in _lines(wav_scp, self.problems):
             utt, rest = _split_first(line.text)
             if not rest:
-                self.problems.add(wav_scp, line.number, f"expected 'utt path', got {line.text.strip()!r}")
+                what = f"expected 'utt path', got {_quote(line.text.strip())}"
+                self.problems.add(wav_scp, line.number, what)
+                continue
+            wrong = name_problem("utt", utt, self.limit) or name_problem("path", rest, self.limit)
+            if wrong:
+                self.problems.add(wav_scp, line.number, wrong)
                 continue
             if rest.endswith("|"):
                 self.problems.add(wav_scp, line.number, _pipe_refused(rest))
@@ -251,6 +261,15 @@ class CorpusListing:
         for side in (speakers, texts, durations):
             side.finish(self._ids)
 
+    def _side_files(self, folder: Path) -> tuple[_SideFile, _SideFile, _SideFile]:
+        """utt2spk, text and utt2dur of a Kaldi dir, joined as they stream by."""
+        limit = self.limit
+        return (
+            _SideFile(folder / KALDI_UTT2SPK, self.problems, "utt spk", "speaker", limit),
+            _SideFile(folder / KALDI_TEXT, self.problems, "utt words", None, limit),
+            _SideFile(folder / KALDI_UTT2DUR, self.problems, "utt seconds", "duration", limit),
+        )
+
     def _kaldi_segments(self, folder: Path) -> Iterator[Utterance]:
         """`segments` ("utt rec start end"): each line an utterance of recording `rec` of wav.scp."""
         wav_scp, segments = folder / KALDI_WAV_SCP, folder / KALDI_SEGMENTS
@@ -260,9 +279,12 @@ class CorpusListing:
         base = str(folder.absolute())
         for line in _lines(wav_scp, self.problems):
             rec, rest = _split_first(line.text)
+            wrong = name_problem("recording", rec, self.limit) or name_problem("path", rest, self.limit)
             if not rest:
-                what = f"expected 'recording path', got {line.text.strip()!r}"
+                what = f"expected 'recording path', got {_quote(line.text.strip())}"
                 self.problems.add(wav_scp, line.number, what)
+            elif wrong:
+                self.problems.add(wav_scp, line.number, wrong)
             elif rest.endswith("|"):
                 self.problems.add(wav_scp, line.number, _pipe_refused(rest))
             elif rec in recordings:
@@ -270,11 +292,10 @@ class CorpusListing:
             else:
                 recordings[rec] = _absolute(base, rest)
         lengths = _durations_of(folder / KALDI_RECO2DUR, self.problems)
-        speakers = _SideFile(folder / KALDI_UTT2SPK, self.problems, "utt spk", single_word=True)
-        texts = _SideFile(folder / KALDI_TEXT, self.problems, "utt words", single_word=False)
+        speakers, texts, _ = self._side_files(folder)
         self.durations_listed = True
         for line in _lines(segments, self.problems):
-            parsed = _segment_line(line.text, recordings, lengths)
+            parsed = segment_line(line.text, recordings, lengths, self.limit)
             if isinstance(parsed, str):
                 self.problems.add(segments, line.number, parsed)
                 continue
@@ -300,7 +321,7 @@ class CorpusListing:
     # -- WebDataset tar shards -----------------------------------------------------------------
     def _tars(self, source: Source) -> Iterator[Utterance]:
         """One entry per tar, in the order listed (a folder's or prefix's: sorted by name)."""
-        tars = _tar_paths(source, self.problems)
+        tars = _tar_paths(source, self.problems, self.limit)
         for number, tar in enumerate(tars, start=1):
             self._ids.add(tar, number)
             yield Utterance(utt=tar, path=tar)
@@ -313,7 +334,7 @@ class CorpusListing:
     # -- lhotse ----------------------------------------------------------------------------------
     def _jsonl(self, file: Source) -> Iterator[Utterance]:
         """A JSONL file: a manifest, lhotse cuts, or lhotse supervisions (their recordings beside)."""
-        kind = _jsonl_kind(file)
+        kind = jsonl_kind(file)
         if kind == "cuts":
             return self._cuts(file)
         if kind == "supervisions":
@@ -327,7 +348,7 @@ class CorpusListing:
     def _cuts(self, file: Source) -> Iterator[Utterance]:
         base = _parent(file)
         for line in _lines(file, self.problems):
-            found = _cut_utterances(line.text, base)
+            found = _cut_utterances(line.text, base, self.limit)
             if isinstance(found, str):
                 self.problems.add(file, line.number, found)
                 continue
@@ -344,7 +365,7 @@ class CorpusListing:
         recordings: dict[str, _Recording] = {}
         base = _parent(recordings_file)
         for line in _lines(recordings_file, self.problems):
-            recording = _recording_entry(line.text, base)
+            recording = _recording_entry(line.text, base, self.limit)
             if isinstance(recording, str):
                 self.problems.add(recordings_file, line.number, recording)
             elif recording.id in recordings:
@@ -352,7 +373,7 @@ class CorpusListing:
             else:
                 recordings[recording.id] = recording
         for line in _lines(supervisions_file, self.problems):
-            utt = _supervision_entry(line.text, recordings)
+            utt = _supervision_entry(line.text, recordings, self.limit)
             if isinstance(utt, str):
                 self.problems.add(supervisions_file, line.number, utt)
                 continue
@@ -370,7 +391,7 @@ class CorpusListing:
     # -- JSONL manifest ----------------------------------------------------------------------
     def _manifest(self, file: Source) -> Iterator[Utterance]:
         for line in _lines(file, self.problems):
-            utt = _manifest_entry(file, line, self.problems)
+            utt = _manifest_entry(file, line, self.problems, self.limit)
             if utt is None:
                 continue
             self._ids.add(utt.utt, line.number)
@@ -401,9 +422,9 @@ class CorpusListing:
             self.problems.add(folder, None, f"holds no audio files ({', '.join(sorted(AUDIO_EXTENSIONS))})")
 
 
-def read_corpus(source: Source) -> list[Utterance]:
+def read_corpus(source: Source, max_text_chars: int | None = MAX_TEXT_CHARS) -> list[Utterance]:
     """The whole corpus at `source`, in listing order (`CorpusError` for any problem in it)."""
-    listing = CorpusListing(source)
+    listing = CorpusListing(source, max_text_chars=max_text_chars)
     utts = list(listing)
     listing.raise_problems()
     return utts
@@ -423,11 +444,17 @@ class _SideFile:
     file in `wav.scp`'s order never asks it, so the first utterances come without reading it.
     """
 
-    def __init__(self, file: Path, problems: _Problems, shape: str, *, single_word: bool) -> None:
+    def __init__(
+        self, file: Path, problems: _Problems, shape: str, value_name: str | None, limit: int | None
+    ) -> None:
+        """`value_name`: what the one word after the utt is (a speaker, a duration); None: the rest
+        of the line is free text (`text`). Such a word is held to `limit` characters."""
         self.file = file
         self.problems = problems
         self.shape = shape
-        self.single_word = single_word
+        self.value_name = value_name
+        self.single_word = value_name is not None
+        self.limit = limit
         self.exists = file.exists()
         self.aside: dict[str, tuple[str, int]] = {}
         self._sorted: bool | None = None
@@ -465,8 +492,11 @@ class _SideFile:
             key, rest = _split_first(line.text)
             if self.single_word and (not rest or len(rest.split()) != 1):
                 self.problems.add(
-                    self.file, line.number, f"expected '{self.shape}', got {line.text.strip()!r}"
+                    self.file, line.number, f"expected '{self.shape}', got {_quote(line.text.strip())}"
                 )
+                continue
+            if self.value_name is not None and (wrong := name_problem(self.value_name, rest, self.limit)):
+                self.problems.add(self.file, line.number, wrong)
                 continue
             if key == self._last_key:
                 self.problems.add(
@@ -516,7 +546,9 @@ def _seconds(value: str | None, file: Path, problems: _Problems) -> float | None
     try:
         seconds = float(value)
     except ValueError:
-        problems.add(file, None, f"duration {value!r} is not a number")
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        problems.add(file, None, f"duration {_quote(value)} is not a number of seconds")
         return None
     return seconds if seconds >= 0 else None
 
@@ -532,39 +564,44 @@ def _split_first(text: str) -> tuple[str, str]:
 # --------------------------------------------------------------------------- JSONL manifest
 
 
-def _manifest_entry(file: Source, line: _Line, problems: _Problems) -> Utterance | None:
+def _manifest_entry(file: Source, line: _Line, problems: _Problems, limit: int | None) -> Utterance | None:
     """One manifest line as an `Utterance`, or None after reporting what is wrong with it."""
-    try:
-        data = json.loads(line.text)
-    except json.JSONDecodeError as exc:
-        problems.add(file, line.number, f"not valid JSON ({exc.msg} at column {exc.colno})")
-        return None
-    if not isinstance(data, dict):
-        problems.add(file, line.number, f"expected a JSON object, got {type(data).__name__}")
-        return None
-    wrong = _manifest_field_problems(data)
+    data, error = parse_json(line.text)
+    if error is None and not isinstance(data, dict):
+        error = f"expected a JSON object, got {type(data).__name__}"
+    wrong = [error] if error is not None else manifest_field_problems(data, limit)
     if wrong:
         problems.add(file, line.number, "; ".join(wrong))
         return None
     utt = str(data["utt"])
     duration = next((data[key] for key in DURATION_FIELDS if isinstance(data.get(key), (int, float))), None)
+    seconds = _finite(duration)
     return Utterance(
         utt=utt,
         path=_absolute(_parent(file), data["path"]),
         spk=data.get("spk") or utt,
         text=data.get("text") or "",
-        duration_s=float(duration) if duration is not None and duration >= 0 else None,
+        duration_s=seconds if seconds is not None and seconds >= 0 else None,
     )
 
 
 def _manifest_utt(text: str) -> str:
+    data, _ = parse_json(text)
+    return str(data.get("utt")) if isinstance(data, dict) else "?"
+
+
+def parse_json(text: str) -> tuple[Any, str | None]:
+    """(the value of one JSON line, None), or (None, what is wrong with it): a syntax error, a
+    number of more digits than Python converts, nesting deeper than it recurses."""
     try:
-        return str(json.loads(text).get("utt"))
-    except (json.JSONDecodeError, AttributeError):
-        return "?"
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+    except (ValueError, RecursionError) as exc:  # int digits beyond sys.get_int_max_str_digits, nesting
+        return None, f"not valid JSON ({type(exc).__name__}: {_quote(str(exc), 80)})"
 
 
-def _manifest_field_problems(data: dict[str, Any]) -> list[str]:
+def manifest_field_problems(data: dict[str, Any], limit: int | None) -> list[str]:
     """What is wrong with the fields of one manifest object (empty when nothing is)."""
     wrong: list[str] = []
     for key in ("utt", "path"):
@@ -572,12 +609,23 @@ def _manifest_field_problems(data: dict[str, Any]) -> list[str]:
         if key not in data:
             wrong.append(f"missing field {key!r}")
         elif not isinstance(value, str) or not value.strip():
-            wrong.append(f"field {key!r} must be a non-empty string, got {json.dumps(value)}")
+            wrong.append(f"field {key!r} must be a non-empty string, got {_shown_json(value)}")
+        elif problem := name_problem(f"field {key!r}", value, limit):
+            wrong.append(problem)
     for key in ("spk", "text"):
         value = data.get(key)
         if value is not None and not isinstance(value, str):
-            wrong.append(f"field {key!r} must be a string, got {json.dumps(value)}")
+            wrong.append(f"field {key!r} must be a string, got {_shown_json(value)}")
+        elif isinstance(value, str) and (problem := _text_problem(key, value, limit)):
+            wrong.append(problem)
     return wrong
+
+
+def _text_problem(key: str, value: str, limit: int | None) -> str | None:
+    """A speaker is a name (`name_problem`); a text only has to be valid Unicode."""
+    if key == "text":
+        return None if _encodable(value) else f"field {key!r} is not valid Unicode (a lone surrogate)"
+    return name_problem(f"field {key!r}", value, limit)
 
 
 # --------------------------------------------------------------------------- folder of audio
@@ -603,6 +651,62 @@ def _audio_files(base: Path, rel_dir: PurePosixPath = PurePosixPath()) -> Iterat
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def name_problem(what: str, value: str, limit: int | None) -> str | None:
+    """What is wrong with a name or path a listing gives (an utt, a speaker, a path or URL), or
+    None: longer than `limit` characters, a NUL byte, not valid Unicode. Told by length and
+    membership alone, before any path or pattern call sees it."""
+    if limit is not None and len(value) > limit:
+        return f"{what} is {len(value)} characters long; the limit is {limit} (max_text_chars)"
+    if "\x00" in value:
+        return f"{what} holds a NUL byte"
+    if not _encodable(value):
+        return f"{what} is not valid Unicode (a lone surrogate)"
+    return None
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` can be written as UTF-8 (a JSON escape such as \\ud800 gives a lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _quote(text: str, width: int = 120) -> str:
+    """`text` as repr, cut to about `width` characters: a message never carries a whole long line."""
+    shown = repr(text)
+    return shown if len(shown) <= width else f"{shown[: width - 20]}... ({len(text)} characters)"
+
+
+def _shown(value: Any, width: int = 120) -> str:
+    """A value of a JSON line for a message: a string as repr, anything else as JSON."""
+    return _quote(value, width) if isinstance(value, str) else _shown_json(value, width)
+
+
+def _shown_json(value: Any, width: int = 120) -> str:
+    """A JSON value for a message, as JSON, cut to about `width` characters."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= width else f"{text[: width - 20]}... ({len(text)} characters)"
+
+
+def _finite(value: Any) -> float | None:
+    """A JSON number as a finite float; None for anything else (a bool, NaN, Infinity, an int too
+    large for a float)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _lines(file: Source, problems: _Problems) -> Iterator[_Line]:
@@ -681,7 +785,7 @@ def listing_digest(source: Source) -> str | None:
         files = [source / name for name in KALDI_FILES if (source / name).is_file()]
     elif source.is_file() and source.name == KALDI_WAV_SCP:
         files = [source.parent / name for name in KALDI_FILES if (source.parent / name).is_file()]
-    elif source.is_file() and _is_jsonl(source.name):
+    elif source.is_file() and is_jsonl(source.name):
         files = [source]
     else:
         return None
@@ -698,7 +802,7 @@ def _is_pattern(text: str) -> bool:
     return "{" in text and "}" in text.split("{", 1)[1]
 
 
-def _is_jsonl(name: str) -> bool:
+def is_jsonl(name: str) -> bool:
     lower = name.lower()
     return lower.endswith(MANIFEST_SUFFIX) or lower.endswith(GZ_MANIFEST_SUFFIX)
 
@@ -726,14 +830,17 @@ def input_is_tars(source: Source) -> bool:
     return False
 
 
-def _tar_paths(source: Source, problems: _Problems) -> list[str]:
-    """The tars a tar input names, in order; problems for what cannot be listed."""
+def _tar_paths(source: Source, problems: _Problems, limit: int | None = None) -> list[str]:
+    """The tars a tar input names, in order; problems for what cannot be listed (a line of a
+    list naming one beyond `limit` characters, too)."""
     text = str(source)
     if isinstance(source, str) and _is_pattern(source):
         try:
-            return storage.expand_braces(source) if is_url(source) else [
-                _absolute(Path.cwd(), p) for p in storage.expand_braces(source)
-            ]
+            return (
+                storage.expand_braces(source)
+                if is_url(source)
+                else [_absolute(Path.cwd(), p) for p in storage.expand_braces(source)]
+            )
         except VoxmillError as exc:
             problems.add(source, None, exc.message)
             return []
@@ -750,7 +857,13 @@ def _tar_paths(source: Source, problems: _Problems) -> list[str]:
         names = sorted(e.name for e in os.scandir(source) if e.name.lower().endswith(TAR_SUFFIX))
         return [str(source.absolute() / n) for n in names]
     base = _parent(source)
-    return [_absolute(base, line.text.strip()) for line in _lines(source, problems)]
+    tars = []
+    for line in _lines(source, problems):
+        if wrong := name_problem("tar", line.text.strip(), limit):
+            problems.add(source, line.number, wrong)
+        else:
+            tars.append(_absolute(base, line.text.strip()))
+    return tars
 
 
 def _pipe_refused(command: str) -> str:
@@ -764,27 +877,41 @@ def _durations_of(file: Path, problems: _Problems) -> dict[str, float]:
     lengths: dict[str, float] = {}
     for line in _lines(file, problems):
         rec, rest = _split_first(line.text)
-        try:
-            lengths[rec] = float(rest)
-        except ValueError:
-            problems.add(file, line.number, f"expected 'recording seconds', got {line.text.strip()!r}")
+        seconds = recording_seconds(rest)
+        if seconds is None:
+            problems.add(file, line.number, f"expected 'recording seconds', got {_quote(line.text.strip())}")
+        else:
+            lengths[rec] = seconds
     return lengths
 
 
-def _segment_line(
-    text: str, recordings: dict[str, str], lengths: dict[str, float]
+def recording_seconds(text: str) -> float | None:
+    """The seconds of a `reco2dur` line's value, or None when it is not a finite number."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) else None
+
+
+def segment_line(
+    text: str, recordings: dict[str, str], lengths: dict[str, float], limit: int | None
 ) -> tuple[str, str, float, float | None] | str:
     """(utt, path, start, end or None) of a `segments` line, or what is wrong with it."""
     parts = text.split()
     if len(parts) != 4:
-        return f"expected 'utt recording start end', got {text.strip()!r}"
+        return f"expected 'utt recording start end', got {_quote(text.strip())}"
     utt, rec, start_text, end_text = parts
+    if wrong := name_problem("utt", utt, limit):
+        return wrong
     if rec not in recordings:
-        return f"recording {rec!r} is not in {KALDI_WAV_SCP}"
+        return f"recording {_quote(rec)} is not in {KALDI_WAV_SCP}"
     try:
         start, end = float(start_text), float(end_text)
     except ValueError:
-        return f"start and end must be seconds, got {start_text!r} and {end_text!r}"
+        start = end = math.nan
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return f"start and end must be seconds, got {_quote(start_text, 40)} and {_quote(end_text, 40)}"
     if start < 0:
         return f"segment {utt!r} starts before 0 s"
     if end == -1:  # Kaldi: to the end of the recording
@@ -808,7 +935,7 @@ class _Recording:
 def _lhotse_pair(folder: Path) -> tuple[Path, Path] | None:
     """(recordings, supervisions) of a folder holding exactly one file of each, else None."""
     try:
-        names = [e.name for e in os.scandir(folder) if _is_jsonl(e.name)]
+        names = [e.name for e in os.scandir(folder) if is_jsonl(e.name)]
     except OSError:
         return None
     recordings = [n for n in names if "recordings" in n]
@@ -831,15 +958,12 @@ def _recordings_beside(file: Source) -> Source | None:
     return candidate if candidate.exists() else None
 
 
-def _jsonl_kind(file: Source) -> str:
+def jsonl_kind(file: Source) -> str:
     """'cuts', 'supervisions' or 'manifest', told from the first object of the file."""
     for line in _lines(file, _Problems()):
-        try:
-            first = json.loads(line.text)
-        except json.JSONDecodeError:
+        first, error = parse_json(line.text)
+        if error is not None or not isinstance(first, dict):
             return "manifest"  # its problems are reported as a manifest's
-        if not isinstance(first, dict):
-            return "manifest"
         if "supervisions" in first or "recording" in first or str(first.get("type", "")).endswith("Cut"):
             return "cuts"
         if "recording_id" in first and "start" in first:
@@ -848,31 +972,56 @@ def _jsonl_kind(file: Source) -> str:
     return "manifest"
 
 
-def _lhotse_source(source: Any, base: Path | str) -> tuple[str, tuple[int, ...]] | str:
+def _lhotse_source(source: Any, base: Path | str, limit: int | None) -> tuple[str, tuple[int, ...]] | str:
     """(path or URL, channels) of one lhotse AudioSource, or why it cannot be read."""
     if not isinstance(source, dict):
         return "a recording source must be an object"
     kind, where = source.get("type"), source.get("source")
-    channels = tuple(int(c) for c in source.get("channels") or (0,))
+    channels = _channel_list(source.get("channels"))
     if kind == "command":
         return f"recording source of type 'command' refused: {NO_SHELL}"
     if kind not in ("file", "url") or not isinstance(where, str) or not where:
-        return f"recording source of type {kind!r} is not supported (file and url are)"
+        return f"recording source of type {_shown(kind, 40)} is not supported (file and url are)"
+    if wrong := name_problem("recording source", where, limit):
+        return wrong
+    if channels is None:
+        return f"channels must be a list of channel numbers, got {_shown(source.get('channels'))}"
     if kind == "url" and not is_url(where):
         return f"recording URL scheme not supported (schemes: {', '.join(storage.URL_SCHEMES)})"
     return _absolute(base, where), channels
 
 
-def _recording_entry(text: str, base: Path | str) -> _Recording | str:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+def _channel_list(value: Any) -> tuple[int, ...] | None:
+    """A source's `channels` (absent: channel 0), or None when it is not a list of channel numbers."""
+    if value is None or value == []:
+        return (0,)
+    if not isinstance(value, list) or not all(_is_channel(c) for c in value):
+        return None
+    return tuple(value)
+
+
+def _is_channel(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 65536
+
+
+def _recording_entry(text: str, base: Path | str, limit: int | None) -> _Recording | str:
+    data, error = parse_json(text)
+    if error is not None:
+        return error
+    return _recording_of(data, base, limit)
+
+
+def _recording_of(data: Any, base: Path | str, limit: int | None) -> _Recording | str:
+    """A lhotse recording object, or what is wrong with it."""
     if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not data.get("sources"):
         return "expected a lhotse recording: an object with 'id' and 'sources'"
+    if not isinstance(data["sources"], list):
+        return "a recording's 'sources' must be a list"
+    if wrong := name_problem("recording id", data["id"], limit):
+        return wrong
     sources = []
     for source in data["sources"]:
-        parsed = _lhotse_source(source, base)
+        parsed = _lhotse_source(source, base, limit)
         if isinstance(parsed, str):
             return parsed
         sources.append(parsed)
@@ -883,49 +1032,60 @@ def _channel_of(recording: _Recording, wanted: Any) -> tuple[str, int | None] | 
     """(path, channel inside that file or None for the mean) for a supervision's `channel`."""
     if isinstance(wanted, list):
         wanted = wanted[0] if len(wanted) == 1 else None  # several: their mean, as all channels
-    if wanted is not None and not isinstance(wanted, int):
-        return f"channel must be an integer or a list of them, got {json.dumps(wanted)}"
+    if wanted is not None and not _is_channel(wanted):
+        return f"channel must be an integer or a list of them, got {_shown(wanted)}"
     for path, channels in recording.sources:
         if wanted is None or wanted in channels:
             if wanted is None or len(channels) <= 1:
                 return path, None
             return path, channels.index(wanted)
-    return f"channel {wanted} is in none of recording {recording.id!r}'s sources"
+    return f"channel {wanted} is in none of recording {_quote(recording.id)}'s sources"
 
 
 def _number(data: dict[str, Any], key: str, default: float | None = None) -> float | None:
-    value = data.get(key, default)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A field as a finite number of seconds; None when absent (without default) or not one."""
+    return _finite(data.get(key, default))
 
 
-def _supervision_entry(text: str, recordings: dict[str, _Recording]) -> Utterance | str:
+def _supervision_entry(text: str, recordings: dict[str, _Recording], limit: int | None) -> Utterance | str:
     """One lhotse supervision (of a recordings + supervisions pair) as an utterance."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+    data, error = parse_json(text)
+    if error is not None:
+        return error
     if not isinstance(data, dict) or not isinstance(data.get("id"), str):
         return "expected a lhotse supervision: an object with 'id', 'recording_id', 'start', 'duration'"
-    recording = recordings.get(str(data.get("recording_id")))
+    recording_id = data.get("recording_id")
+    recording = recordings.get(recording_id) if isinstance(recording_id, str) else None
     if recording is None:
-        return f"recording {data.get('recording_id')!r} is not in the recordings file"
+        return f"recording {_shown(data.get('recording_id'))} is not in the recordings file"
     start, duration = _number(data, "start"), _number(data, "duration")
     if start is None or duration is None or duration <= 0 or start < 0:
         return "supervision needs a 'start' >= 0 and a 'duration' > 0 (seconds)"
     where = _channel_of(recording, data.get("channel"))
     if isinstance(where, str):
         return where
-    return _supervised(data, where, start, start + duration)
+    return _supervised(data, where, start, start + duration, limit)
 
 
-def _supervised(sup: dict[str, Any], where: tuple[str, int | None], start: float, end: float) -> Utterance:
+def _supervised(
+    sup: dict[str, Any], where: tuple[str, int | None], start: float, end: float, limit: int | None
+) -> Utterance | str:
     """A lhotse supervision as the utterance [start, end) of the recording file `where` names."""
-    utt = str(sup["id"])
+    utt, speaker, text = sup["id"], sup.get("speaker"), sup.get("text")
+    if speaker is not None and not isinstance(speaker, str) or text is not None and not isinstance(text, str):
+        return f"supervision {_quote(utt)}: 'speaker' and 'text' must be strings"
+    wrong = (
+        name_problem("supervision id", utt, limit)
+        or _text_problem("speaker", speaker or "", limit)
+        or _text_problem("text", text or "", limit)
+    )
+    if wrong:
+        return wrong
     return Utterance(
         utt=utt,
         path=where[0],
-        spk=str(sup.get("speaker") or utt),
-        text=str(sup.get("text") or ""),
+        spk=speaker or utt,
+        text=text or "",
         duration_s=end - start,
         start_s=start,
         end_s=end,
@@ -933,34 +1093,31 @@ def _supervised(sup: dict[str, Any], where: tuple[str, int | None], start: float
     )
 
 
-def _cut_utterances(text: str, base: Path | str) -> list[Utterance] | str:
+def _cut_utterances(text: str, base: Path | str, limit: int | None) -> list[Utterance] | str:
     """The utterances of one lhotse cut: each supervision's part of the cut (clipped to it), or
     the whole cut when it has none; or what is wrong with the line."""
-    try:
-        cut = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+    cut, error = parse_json(text)
+    if error is not None:
+        return error
     if not isinstance(cut, dict):
         return f"expected a JSON object, got {type(cut).__name__}"
-    kind = str(cut.get("type") or "MonoCut")
+    kind = cut.get("type") or "MonoCut"
     if kind != "MonoCut":
-        return f"cut of type {kind!r} is not supported (MonoCut is)"
-    recording = _recording_entry(json.dumps(cut.get("recording") or {}), base)
+        return f"cut of type {_shown(kind, 40)} is not supported (MonoCut is)"
+    recording = _recording_of(cut.get("recording") or {}, base, limit)
     if isinstance(recording, str):
         return recording
     start, duration = _number(cut, "start", 0.0), _number(cut, "duration")
-    if start is None or duration is None or duration <= 0:
-        return "cut needs a 'start' and a 'duration' > 0 (seconds)"
+    if start is None or duration is None or duration <= 0 or start < 0:
+        return "cut needs a 'start' >= 0 and a 'duration' > 0 (seconds)"
     supervisions = cut.get("supervisions") or []
+    if not isinstance(supervisions, list):
+        return "a cut's 'supervisions' must be a list"
     if not supervisions:
-        where = _channel_of(recording, cut.get("channel"))
-        if isinstance(where, str):
-            return where
-        utt = str(cut.get("id") or recording.id)
-        return [Utterance(utt, where[0], utt, "", duration, start, start + duration, where[1])]
+        return _whole_cut(cut, recording, start, duration, limit)
     utts = []
     for sup in supervisions:
-        part = _cut_supervision(sup, cut, recording, start, duration)
+        part = _cut_supervision(sup, cut, recording, start, duration, limit)
         if isinstance(part, str):
             return part
         if part is not None:
@@ -968,22 +1125,37 @@ def _cut_utterances(text: str, base: Path | str) -> list[Utterance] | str:
     return utts
 
 
+def _whole_cut(
+    cut: dict[str, Any], recording: _Recording, start: float, duration: float, limit: int | None
+) -> list[Utterance] | str:
+    """A cut without supervisions: one utterance, the whole cut."""
+    where = _channel_of(recording, cut.get("channel"))
+    if isinstance(where, str):
+        return where
+    utt = cut.get("id") or recording.id
+    if not isinstance(utt, str):
+        return f"a cut's 'id' must be a string, got {_shown(utt)}"
+    if wrong := name_problem("cut id", utt, limit):
+        return wrong
+    return [Utterance(utt, where[0], utt, "", duration, start, start + duration, where[1])]
+
+
 def _cut_supervision(
-    sup: Any, cut: dict[str, Any], recording: _Recording, start: float, duration: float
+    sup: Any, cut: dict[str, Any], recording: _Recording, start: float, duration: float, limit: int | None
 ) -> Utterance | str | None:
     """One supervision of a cut as an utterance (the part of it inside the cut; None if none is)."""
     if not isinstance(sup, dict) or not isinstance(sup.get("id"), str):
         return "a supervision must be an object with an 'id'"
     sup_start, sup_duration = _number(sup, "start"), _number(sup, "duration")
     if sup_start is None or sup_duration is None or sup_duration <= 0:
-        return f"supervision {sup['id']!r} needs a 'start' and a 'duration' > 0"
+        return f"supervision {_quote(sup['id'])} needs a 'start' and a 'duration' > 0"
     first, last = max(sup_start, 0.0), min(sup_start + sup_duration, duration)  # inside the cut
     if last <= first:
         return None
     where = _channel_of(recording, sup.get("channel", cut.get("channel")))
     if isinstance(where, str):
         return where
-    return _supervised(sup, where, start + first, start + last)
+    return _supervised(sup, where, start + first, start + last, limit)
 
 
 # --------------------------------------------------------------------------- planning
@@ -1067,16 +1239,21 @@ def shard_digest(utts: Sequence[Utterance]) -> str:
     return digest.hexdigest()
 
 
-def corpus_folders(source: Source, limit: int = 64) -> list[Path]:
+def corpus_folders(source: Source) -> list[Path]:
     """The local folders holding a corpus's audio (or tars), read from its listing (paths only,
-    nothing opened): what an embedded run lets its own workers read. More than `limit` folders
-    become their common ancestor, unless that is `/` or a top-level folder such as /home."""
-    return corpus_roots(source, limit)[0]
+    nothing opened): what an embedded run lets its own workers read (`corpus_roots`)."""
+    return corpus_roots(source)[0]
 
 
 def corpus_roots(source: Source, limit: int = 64) -> tuple[list[Path], list[str]]:
-    """(local folders, URL prefixes) holding a corpus's audio or tars (see `corpus_folders`); the
-    URL prefixes are the listed objects' parents, or their buckets beyond `limit` of them."""
+    """(local folders, URL prefixes) holding a corpus's audio or tars.
+
+    The folders are exactly those of the listed files, less any below another of them (it adds
+    nothing): never a common ancestor, which would let the workers read what the corpus does not
+    name. There may be many (one per speaker or chapter): the embedded run hands them to its
+    workers in a file (`workers.corpus.cluster.EmbeddedCluster`). The URL prefixes are the listed
+    objects' parents, or their buckets beyond `limit` of them.
+    """
     source = as_source(source)
     if isinstance(source, Path) and source.is_dir() and not _listing_names_paths(source):
         return [source.absolute()], []
@@ -1091,16 +1268,34 @@ def corpus_roots(source: Source, limit: int = 64) -> tuple[list[Path], list[str]
             if len(prefixes) > limit:  # many prefixes: their buckets
                 prefixes = {_bucket_of(p) for p in prefixes}
             continue
-        folders.add(os.path.dirname(path))
-        if len(folders) > limit:
-            common = os.path.commonpath(sorted(folders))
-            if len(Path(common).parts) > 2:
-                folders = {common}
-    minimal: list[Path] = []
-    for folder in sorted(Path(f) for f in folders):
-        if not any(folder == m or m in folder.parents for m in minimal):
-            minimal.append(folder)
-    return minimal, sorted(prefixes)
+        if "\x00" not in path:  # the worker refuses such a path for its utterance
+            folders.add(os.path.dirname(path))
+    return [Path(folder) for folder in outermost_folders(folders)], sorted(prefixes)
+
+
+def outermost_folders(folders: Iterable[str]) -> list[str]:
+    """The absolute folders none of the others holds, sorted: '/a/b' drops '/a/b/c', never '/a/bc'.
+
+    A folder is below another when that one is a prefix of it ending at a '/' and no '..' follows
+    it ('/a/b/../c' is not below '/a/b'). A set of the kept ones and a look at each ancestor: a
+    few steps per folder, whatever their number.
+    """
+    kept: set[str] = set()
+    trimmed = {f.rstrip("/") or f[:1] for f in folders}  # '/a/' is '/a'; '/' stays '/', '' stays ''
+    for folder in sorted(trimmed, key=lambda f: (f.count("/"), f)):
+        if not folder.startswith("/"):
+            continue  # not a local absolute path: the worker refuses it for its utterance
+        if folder == "/" or "/" in kept:
+            return ["/"]
+        parts = folder.split("/")  # '/a/b/c': '', 'a', 'b', 'c'
+        ancestors = []
+        for end in range(len(parts) - 1, 1, -1):  # '/a/b', then '/a'
+            if parts[end] == "..":
+                break
+            ancestors.append("/".join(parts[:end]))
+        if not any(ancestor in kept for ancestor in ancestors):
+            kept.add(folder)
+    return sorted(kept)
 
 
 def _bucket_of(url: str) -> str:
@@ -1115,14 +1310,28 @@ def _listing_names_paths(folder: Path) -> bool:
 
 
 def _listed_paths(source: Source) -> Iterator[str]:
-    """The audio paths a listing names, parsed no further than that (a wav.scp line is split once)."""
+    """The audio paths a listing names, parsed no further than that (a wav.scp line is split once,
+    a manifest line's JSON read for its 'path'); a path the reader refuses (too long, a NUL byte)
+    is left out: the listing is refused before anything runs."""
     wav_scp = source / KALDI_WAV_SCP if isinstance(source, Path) and source.is_dir() else source
-    if not isinstance(wav_scp, Path) or wav_scp.name != KALDI_WAV_SCP:
+    if isinstance(wav_scp, Path) and wav_scp.name == KALDI_WAV_SCP:
+        base = str(wav_scp.parent.absolute())
+        with open(wav_scp, "rb") as stream:
+            for raw in stream:
+                parts = raw.split(None, 1)
+                if len(parts) == 2 and len(parts[1]) <= MAX_TEXT_CHARS and b"\x00" not in parts[1]:
+                    yield _absolute(base, parts[1].strip().decode("utf-8", "replace"))
+    elif (
+        isinstance(source, Path)
+        and source.is_file()
+        and is_jsonl(source.name)
+        and jsonl_kind(source) == "manifest"
+    ):
+        base = str(source.parent.absolute())
+        for line in _lines(source, _Problems()):
+            data, _ = parse_json(line.text)
+            path = data.get("path") if isinstance(data, dict) else None
+            if isinstance(path, str) and path.strip() and name_problem("path", path, MAX_TEXT_CHARS) is None:
+                yield _absolute(base, path)
+    else:
         yield from (utt.path for utt in CorpusListing(source, find_repeats=False))
-        return
-    base = str(wav_scp.parent.absolute())
-    with open(wav_scp, "rb") as stream:
-        for raw in stream:
-            parts = raw.split(None, 1)
-            if len(parts) == 2:
-                yield _absolute(base, parts[1].strip().decode("utf-8", "replace"))

@@ -14,6 +14,11 @@ The output folder may be a local folder or a prefix in an object store
 spooled locally and PUT as one object), so it is complete or absent either way. A tar shard's
 utterances are the rows of its file (what the tar held, in the tar's order); each op's file of
 one tar must list the same rows.
+
+A shard the driver gave up on has a given-up file (`pipeline.writers.given_up_file_name`) whose
+every row failed: it stands for the shard (even beside a shard file a late attempt wrote after),
+so its utterances are counted failed and listed in errors.jsonl. A given-up tar shard, whose
+utterances no file named, is the tar's one row, or the rows another op's file of it holds.
 """
 
 from __future__ import annotations
@@ -34,14 +39,16 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import FILTERED, OUTPUT_ERROR, VoxmillError
 from pipeline.quality import STAT_FIELDS, QualityFilter
-from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec
+from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, Utterance
 from pipeline.storage import OutputLocation, output_location
 from pipeline.writers import (
     EMBEDDING_OPS,
     ERRORS_FILE,
+    GIVEN_UP_SUFFIX,
     PROVENANCE_METADATA_KEY,
     REPORT_FILE,
     SHA256_COLUMNS,
+    SHARDS_DIR,
     SPEECH_TOKENS_FILE,
     SPEECH_TOKENS_SCHEMA,
     SPK_EMBEDDINGS_FILE,
@@ -51,6 +58,8 @@ from pipeline.writers import (
     UTT_EMBEDDINGS_SCHEMA,
     UTT_STATS_FILE,
     UTT_STATS_SCHEMA,
+    failed_shard_table,
+    given_up_file_name,
     read_shard,
     shard_file_name,
     shard_models,
@@ -307,11 +316,12 @@ def merge_outputs(
     out = output_location(out_dir)
     quality = quality or QualityFilter()
     tally = _Tally()
+    given_up = {f"{SHARDS_DIR}/{n}" for n in out.names(SHARDS_DIR) if n.endswith(GIVEN_UP_SUFFIX)}
     with contextlib.ExitStack() as stack:
         outputs = _Outputs(out, stack, buffer_rows)
         for shard_specs in _by_shard(specs):
             outputs.open_for([op for spec in shard_specs for op in _reported(spec.op, ops)])
-            _merge_shard(out, shard_specs, tally, outputs, quality, ops)
+            _merge_shard(out, shard_specs, tally, outputs, quality, ops, given_up)
         outputs.open_for(tally.ops)
         provenance = tally.provenance()
         outputs.close(provenance)
@@ -356,12 +366,49 @@ def _merge_shard(
     outputs: _Outputs,
     quality: QualityFilter,
     asked: Sequence[str] | None = None,
+    given_up: frozenset[str] | set[str] = frozenset(),
 ) -> None:
-    """Fold one shard (every op's file of it) into the outputs."""
-    tables = [(spec, out.ref(shard_file_name(spec.op, spec.shard))) for spec in specs]
-    read = [(spec, path, read_shard(path)) for spec, path in tables]
-    # A tar's utterances are what it held: the first op's rows, the same in every op's file.
-    utts = read[0][2].column("utt").to_pylist() if specs[0].tar else [u.utt for u in specs[0].utts]
+    """Fold one shard (every op's file of it: its given-up file, if it was given up) into the outputs."""
+    names = [(spec, _file_name(spec, given_up)) for spec in specs]
+    read = [(spec, out.ref(name), read_shard(out.ref(name)), name in given_up) for spec, name in names]
+    # A tar's utterances are what it held: the first op's rows (of a file not given up), the same
+    # in every op's file; a given-up file of the tar fails each of them.
+    first = next((table for _, _, table, gave_up in read if not gave_up), read[0][2])
+    utts = first.column("utt").to_pylist() if specs[0].tar else [u.utt for u in specs[0].utts]
+    if specs[0].tar:
+        spks = first.column("spk").to_pylist()
+        read = [
+            (spec, path, _as_rows(spec, table, utts, spks) if gave_up else table, gave_up)
+            for spec, path, table, gave_up in read
+        ]
+    read_tables = [(spec, path, table) for spec, path, table, _ in read]
+    _fold_shard(read_tables, utts, tally, outputs, quality, asked)
+
+
+def _file_name(spec: ShardSpec, given_up: frozenset[str] | set[str]) -> str:
+    """The file that stands for a shard: its given-up file when it was given up."""
+    name = given_up_file_name(spec.op, spec.shard)
+    return name if name in given_up else shard_file_name(spec.op, spec.shard)
+
+
+def _as_rows(spec: ShardSpec, table: pa.Table, utts: list[str], spks: list[str]) -> pa.Table:
+    """A given-up tar shard's table as failures of `utts` (what another op's file of the tar held)."""
+    if table.column("utt").to_pylist() == utts or not table.num_rows:
+        return table
+    code, message = table.column("error_code")[0].as_py(), table.column("error_message")[0].as_py()
+    rows = [Utterance(utt, spec.tar, spk) for utt, spk in zip(utts, spks, strict=True)]
+    return failed_shard_table(spec, rows, code or OUTPUT_ERROR, message or "")
+
+
+def _fold_shard(
+    read: list[tuple[ShardSpec, Any, pa.Table]],
+    utts: list[str],
+    tally: _Tally,
+    outputs: _Outputs,
+    quality: QualityFilter,
+    asked: Sequence[str] | None,
+) -> None:
+    """Fold the tables of one shard's files (their rows `utts`) into the outputs."""
     for spec, path, table in read:
         _check_rows(path, spec, table, utts)
     stats = _shard_stats([table for _, _, table in read])

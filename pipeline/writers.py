@@ -19,18 +19,29 @@ gets each file as one PUT of the whole object, which is complete or absent in th
 shard's file lists what the tar held, in the tar's order. `pipeline.merge.merge_outputs` reads the
 shard files of a plan and writes the contract's outputs (DESIGN.md, "Output of extract"), each
 utterance exactly once per op.
+
+A shard file always holds its rows: a result whose row the file cannot hold (a token outside
+int32, a non-finite embedding value, a statistic of the wrong type: `row_problem`) is stored as
+an `output_error` of its utterance, and should the rows still not make a table, the file holds
+every utterance failed with the reason (`failed_shard_table`). Only writing the file can fail.
+A shard the driver gave up on (`workers.corpus.driver`: sent `shard_max_attempts` times without
+its file) gets `shards/{op}-{shard:06d}.given-up.parquet` instead, every utterance failed with
+why: the merge takes it for the shard, and a resume counts the shard done.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -42,6 +53,7 @@ from pipeline.storage import OutputLocation, output_location
 
 MODELS_METADATA_KEY = b"voxmill.models"
 SHARDS_DIR = "shards"
+GIVEN_UP_SUFFIX = ".given-up.parquet"
 SPEECH_TOKENS_FILE = "speech_tokens.parquet"
 UTT_EMBEDDINGS_FILE = "utt_embeddings.parquet"
 SPK_EMBEDDINGS_FILE = "spk_embeddings.parquet"
@@ -73,6 +85,9 @@ SHARD_SCHEMA = pa.schema(
     ]
 )
 STAT_COLUMNS: tuple[str, ...] = STAT_FIELDS
+INT32_RANGE = (-(2**31), 2**31 - 1)
+ERROR_KEYS = ("code", "message")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 SHA256_COLUMNS = {ROLE_TOKENIZER: "tokenizer_sha256", ROLE_EMBEDDER: "embedder_sha256"}
 # The outputs' row of the model that made it (`model_sha256`): a run spanning a hot reload splits exactly.
 SPEECH_TOKENS_SCHEMA = pa.schema(
@@ -181,6 +196,11 @@ def shard_file_name(op: str, shard: int) -> str:
     return f"{SHARDS_DIR}/{op}-{shard:06d}.parquet"
 
 
+def given_up_file_name(op: str, shard: int) -> str:
+    """The file of a shard the driver gave up on: `shards/{op}-{shard:06d}.given-up.parquet`."""
+    return f"{SHARDS_DIR}/{op}-{shard:06d}{GIVEN_UP_SUFFIX}"
+
+
 def write_shard(
     out_dir: Path | str | OutputLocation,
     spec: ShardSpec,
@@ -188,15 +208,163 @@ def write_shard(
     utts: Sequence[Utterance] | None = None,
 ) -> Path | str:
     """Write the shard file of `spec` (`results[i]` belongs to `spec.utts[i]`, or to `utts[i]`
-    for a tar shard, whose utterances are what the tar held); returns its path or URL."""
+    for a tar shard, whose utterances are what the tar held); returns its path or URL.
+
+    A result the file cannot hold is stored as an `output_error` of its utterance (`row_problem`);
+    should the rows still not make a table, every utterance is stored failed with the reason.
+    `VoxmillError("output_error")` only when the file cannot be written (left to a later attempt).
+    """
     rows = spec.utts if utts is None else utts
     if len(results) != len(rows):
         raise VoxmillError(INTERNAL, f"shard {spec.name}: {len(results)} results for {len(rows)} utterances")
-    table = shard_table(spec, results, rows)
+    try:
+        table = shard_table(spec, storable_results(spec.op, results, rows), rows)
+    except Exception as exc:  # noqa: BLE001 - what `row_problem` missed: the rows fail, not the shard
+        reason = f"the shard's rows cannot be stored ({type(exc).__name__}: {_short(str(exc))})"
+        table = failed_shard_table(spec, rows, OUTPUT_ERROR, reason)
     out = output_location(out_dir)
     name = shard_file_name(spec.op, spec.shard)
     write_table_at(out, name, table)
     return out.ref(name)
+
+
+def write_given_up_shard(
+    out_dir: Path | str | OutputLocation, spec: ShardSpec, code: str, message: str
+) -> Path | str:
+    """Write the file of a shard given up on (`given_up_file_name`): each utterance of `spec`
+    failed with `code` and `message` (a tar shard, whose utterances no file names: one row, the
+    tar). Returns its path or URL; `VoxmillError("output_error")` when it cannot be written."""
+    rows = spec.utts or [Utterance(spec.tar, spec.tar)]
+    out = output_location(out_dir)
+    name = given_up_file_name(spec.op, spec.shard)
+    write_table_at(out, name, failed_shard_table(spec, rows, code, message))
+    return out.ref(name)
+
+
+def failed_shard_table(spec: ShardSpec, utts: Sequence[Utterance], code: str, message: str) -> pa.Table:
+    """A shard table of `utts` whose every row failed with `code` and `message`."""
+    results = [TaskResult(input=u.utt, op=spec.op, error={"code": code, "message": message}) for u in utts]
+    return shard_table(spec, results, utts)
+
+
+def storable_results(op: str, results: Sequence[TaskResult], utts: Sequence[Utterance]) -> list[TaskResult]:
+    """`results`, each one whose row the shard file cannot hold (`row_problem`) made an
+    `output_error` of its utterance that says why (and its statistics dropped if they are the
+    cause)."""
+    stored = []
+    for utt, result in zip(utts, results, strict=True):
+        wrong = row_problem(op, result, utt)
+        if wrong is None:
+            stored.append(result)
+            continue
+        stats = result.stats if result.stats is None or _stats_problem(result.stats) is None else None
+        error = {"code": OUTPUT_ERROR, "message": f"its result cannot be stored: {wrong}"}
+        failed = replace(result, speech_token=None, embedding=None, audio_seconds=None, stats=stats)
+        stored.append(replace(failed, error=error))
+    return stored
+
+
+def row_problem(op: str, result: TaskResult, utt: Utterance) -> str | None:
+    """Why the shard file cannot hold `result` as the row of `utt`, or None: names that are not
+    valid Unicode, an error that is not two strings, tokens that are not int32 integers, an
+    embedding that is not finite float32 numbers, audio seconds or statistics out of their
+    columns' range or type."""
+    for what, text in (("utt", utt.utt), ("spk", utt.spk)):
+        if not _encodable(text):
+            return f"its {what} is not valid Unicode (stored escaped)"
+    error = result.error
+    if error is not None:
+        if not (isinstance(error, dict) and all(isinstance(error.get(k, ""), str) for k in ERROR_KEYS)):
+            return "its error is not a code and a message"
+        return _stats_problem(result.stats) if result.stats is not None else None
+    if op in TOKEN_OPS and (wrong := _tokens_problem(result.speech_token)):
+        return wrong
+    if op in EMBEDDING_OPS and (wrong := _embedding_problem(result.embedding)):
+        return wrong
+    seconds = result.audio_seconds
+    if seconds is not None and not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
+        return f"audio seconds {seconds!r} is not a finite number >= 0"
+    for role, ref in result.models.items():
+        if not isinstance(ref, dict) or not isinstance(ref.get("sha256"), str):
+            return f"its {role} model has no sha256"
+    return _stats_problem(result.stats) if result.stats is not None else None
+
+
+def _tokens_problem(tokens: Any) -> str | None:
+    if not isinstance(tokens, (list, tuple, np.ndarray)):
+        return f"the speech tokens are {type(tokens).__name__}, not a list"
+    if len(tokens) == 0:
+        return None
+    values = np.asarray(tokens)
+    if values.ndim != 1 or values.dtype.kind not in "iub":
+        return "a speech token is not an integer"
+    low, high = int(values.min()), int(values.max())
+    if low < INT32_RANGE[0] or high > INT32_RANGE[1]:
+        return f"a speech token ({low if low < INT32_RANGE[0] else high}) is out of the int32 range"
+    return None
+
+
+def _embedding_problem(embedding: Any) -> str | None:
+    if not isinstance(embedding, (list, tuple, np.ndarray)) or len(embedding) == 0:
+        return "the embedding is not a list of numbers"
+    found = np.asarray(embedding)
+    if found.ndim != 1 or found.dtype.kind not in "iuf":
+        return "an embedding value is not a number"
+    values = found.astype(np.float64)
+    if not bool(np.all(np.isfinite(values))):
+        return "the embedding holds a non-finite value (NaN or infinity)"
+    if float(np.max(np.abs(values))) > FLOAT32_MAX:
+        return "an embedding value is beyond the float32 range"
+    return None
+
+
+def _stats_problem(stats: Any) -> str | None:
+    """Why a clip's quality statistics do not fit their columns, or None."""
+    if not isinstance(stats, dict):
+        return "its statistics are not a mapping"
+    for name in STAT_COLUMNS:
+        value = stats.get(name)
+        if value is None:
+            continue
+        kind = SHARD_SCHEMA.field(name).type
+        if pa.types.is_string(kind):
+            ok = isinstance(value, str) and _encodable(value)
+        elif pa.types.is_integer(kind):
+            ok = _is_integer(value) and INT32_RANGE[0] <= value <= INT32_RANGE[1]
+        else:
+            ok = _is_number(value) and math.isfinite(value)
+        if not ok:
+            return f"statistic {name} is {_short(repr(value), 40)}"
+    return None
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value: Any) -> bool:
+    return _is_integer(value) or isinstance(value, (float, np.floating))
+
+
+def _encodable(text: Any) -> bool:
+    if not isinstance(text, str):
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _storable_text(text: str) -> str:
+    """`text`, its lone surrogates (a tar member name that was not UTF-8) written as escapes."""
+    return text if _encodable(text) else str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _short(text: str, width: int = 200) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def shard_table(
@@ -208,13 +376,13 @@ def shard_table(
     columns: dict[str, list[Any]] = {name: [] for name in SHARD_SCHEMA.names}
     for utt, result in zip(spec.utts if utts is None else utts, results, strict=True):
         error = result.error
-        columns["utt"].append(utt.utt)
-        columns["spk"].append(utt.spk)
+        columns["utt"].append(_storable_text(utt.utt))
+        columns["spk"].append(_storable_text(utt.spk))
         columns["audio_seconds"].append(None if error else result.audio_seconds)
         columns["speech_token"].append(result.speech_token if tokens and not error else None)
         columns["embedding"].append(result.embedding if embeds and not error else None)
-        columns["error_code"].append(error.get("code", INTERNAL) if error else None)
-        columns["error_message"].append(error.get("message", "") if error else None)
+        columns["error_code"].append(_storable_text(str(error.get("code", INTERNAL))) if error else None)
+        columns["error_message"].append(_storable_text(str(error.get("message", ""))) if error else None)
         stats = result.stats or {}
         for name in STAT_COLUMNS:
             columns[name].append(stats.get(name))

@@ -262,3 +262,89 @@ def test_local_workers_that_cannot_load_their_model_end_the_run(
     with pytest.raises(RunError, match="did not load their models within 4 s.*workers.log"):
         workers.corpus.run.extract_corpus(settings, corpus, out, ["embed"], 1, 0, quiet=True)
     assert "could not load the embedder model" in (out / "workers.log").read_text()
+
+
+def test_a_shard_whose_file_cannot_be_written_is_given_up_and_the_run_completes(
+    tmp_path: Path, tiny_models: Path
+) -> None:
+    """A folder squats on shard 1's file name, so every attempt's task fails to write it (a real
+    failure: the rename meets a folder). The driver sends the shard `shard_max_attempts` times,
+    gives it up, lists its utterances in errors.jsonl, and the run completes; a resume finds the
+    shard given up and sends nothing again."""
+    from workers.corpus.plan import PlanReader
+
+    corpus = make_audio_folder(tmp_path / "corpus", 6, 0.5, 1.0, speakers=2, seed=11)
+    out = tmp_path / "out"
+    squatter = out / SHARDS_DIR / "extract-000001.parquet"
+    squatter.mkdir(parents=True)
+    (squatter / "not-a-shard").write_text("a folder where shard 1's file would go")
+    started = time.monotonic()
+    done = extract(corpus, out, tiny_models)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.monotonic() - started < 120
+    report = json.loads((out / "report.json").read_text())
+    assert report["ops"] == {"tokenize": {"ok": 4, "failed": 2}, "embed": {"ok": 4, "failed": 2}}
+    assert report["given_up_shards"] == 1 and report["utterances"] == 6
+    shard_1 = next(utts for shard, utts in PlanReader(out).shards() if shard == 1)
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert sorted((e["utt"], e["op"], e["code"]) for e in errors) == sorted(
+        (u.utt, op, "output_error") for u in shard_1 for op in ("tokenize", "embed")
+    )
+    for error in errors:
+        assert "was given up after 4 attempt(s)" in error["message"], error
+        assert "Is a directory" in error["message"], error
+    assert (out / SHARDS_DIR / "extract-000001.given-up.parquet").is_file()
+    again = extract(corpus, out, tiny_models)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads((out / "report.json").read_text()) == report
+
+
+def test_a_corpus_in_a_thousand_folders_under_two_top_level_folders_runs_embedded(
+    tmp_path: Path, tiny_models: Path
+) -> None:
+    """The folders an embedded run lets its workers read are those its corpus names: here ~150 kB
+    of them, more than one environment variable may hold (Linux: 128 kB), under two folders whose
+    common ancestor (/tmp) is not to be allowed. They reach the workers in a file; the run starts
+    and finishes."""
+    import shutil
+    import tempfile
+
+    import soundfile as sf
+
+    from pipeline.demo import speechlike
+
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, speechlike(0.2, 16000, 120.0, seed=1), 16000, subtype="PCM_16")
+    tops = [Path(tempfile.mkdtemp(prefix=f"voxmill-roots-{side}-", dir="/tmp")) for side in "ab"]
+    try:
+        lines = []
+        for i in range(1200):
+            folder = tops[i % 2] / f"{'speaker-' * 12}{i:05d}"
+            folder.mkdir()
+            try:
+                os.link(clip, folder / "c.wav")
+            except OSError:  # /tmp on another file system than the test's folder
+                shutil.copy(clip, folder / "c.wav")
+            lines.append(json.dumps({"utt": f"u{i:05d}", "path": str(folder / "c.wav")}) + "\n")
+        assert sum(len(str(top)) + 110 for top in tops) * 600 > 131072  # the old way would overflow
+        manifest = tmp_path / "corpus.jsonl"
+        manifest.write_text("".join(lines))
+        out = tmp_path / "out"
+        done = voxmill(
+            "extract",
+            str(manifest),
+            "--out",
+            str(out),
+            "--models",
+            str(tiny_models),
+            "--workers",
+            "2",
+            "--quiet",
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        report = json.loads((out / "report.json").read_text())
+        assert report["ops"] == {"tokenize": {"ok": 1200, "failed": 0}, "embed": {"ok": 1200, "failed": 0}}
+    finally:
+        for top in tops:
+            shutil.rmtree(top, ignore_errors=True)

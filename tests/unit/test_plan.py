@@ -26,9 +26,7 @@ def shard_sizes(out: Path) -> list[int]:
     return [len(utts) for _, utts in PlanReader(out).shards()]
 
 
-def manifest(
-    tmp_path: Path, count: int, name: str = "corpus.jsonl", duration: float | None = None
-) -> Path:
+def manifest(tmp_path: Path, count: int, name: str = "corpus.jsonl", duration: float | None = None) -> Path:
     path = tmp_path / name
     lines = []
     for i in range(count):
@@ -119,7 +117,7 @@ def test_a_different_corpus_in_the_same_folder_is_refused(tmp_path: Path) -> Non
         plan_for(manifest(tmp_path, 10), out, ["tokenize"], 0, settings, workers=None)
 
 
-def test_planning_streams_and_a_late_listing_problem_ends_it(tmp_path: Path) -> None:
+def test_a_listing_problem_at_its_very_end_is_refused_before_any_shard_is_planned(tmp_path: Path) -> None:
     source = manifest(tmp_path, 12_000)
     with source.open("a") as stream:
         stream.write('{"utt": "u00003", "path": "/a/again.wav"}\n')  # a duplicate at the very end
@@ -129,8 +127,40 @@ def test_planning_streams_and_a_late_listing_problem_ends_it(tmp_path: Path) -> 
     assert isinstance(planner.error, RunError) and "duplicate utt 'u00003' (first on line 4)" in str(
         planner.error
     )
-    assert planner.planned > 0  # the shards before it were planned (and could have run) meanwhile
-    assert not (out / "plan" / "complete.json").exists()
+    assert planner.planned == 0  # nothing planned, so nothing could have run
+    assert not (out / "plan" / "header.json").exists() and not list((out / "plan").glob("chunk-*"))
+
+
+def test_a_kaldi_dir_with_a_late_duplicate_or_side_file_problem_plans_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    n = 30_000
+    lines = [f"u{i:06d} /a/u{i}.wav\n" for i in range(n)] + ["u020000 /a/again.wav\n"]
+    (data / "wav.scp").write_text("".join(lines))
+    (data / "utt2spk").write_text("".join(f"u{i:06d} s{i % 7}\n" for i in range(n)))
+    planner = Planner(data, tmp_path / "out", ["embed"], 0, Settings(shard_size=32), None).start()
+    planner.join()
+    assert planner.planned == 0 and isinstance(planner.error, RunError)
+    assert f"wav.scp line {n + 1}: duplicate utt 'u020000' (first on line 20001)" in str(planner.error)
+    (data / "wav.scp").write_text("".join(lines[:-1]))
+    with (data / "utt2spk").open("a") as stream:
+        stream.write("u000005 two words\n")
+    planner = Planner(data, tmp_path / "out2", ["embed"], 0, Settings(shard_size=32), None).start()
+    planner.join()
+    assert planner.planned == 0 and isinstance(planner.error, RunError)
+    assert f"utt2spk line {n + 1}: expected 'utt spk', got 'u000005 two words'" in str(planner.error)
+
+
+def test_a_name_longer_than_max_text_chars_is_refused_with_its_line(tmp_path: Path) -> None:
+    source = manifest(tmp_path, 10)
+    with source.open("a") as stream:
+        stream.write(json.dumps({"utt": "x" * 5000, "path": "/a/x.wav"}) + "\n")
+    planner = Planner(source, tmp_path / "out", ["embed"], 0, Settings(shard_size=4), None).start()
+    planner.join()
+    assert isinstance(planner.error, RunError) and planner.planned == 0
+    assert "line 11: field 'utt' is 5000 characters long; the limit is 4096 (max_text_chars)" in str(
+        planner.error
+    )
 
 
 def test_both_ops_run_as_one_extract_task_only_where_every_worker_serves_it() -> None:

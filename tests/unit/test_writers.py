@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,59 @@ def test_write_shard_refuses_mismatched_results(tmp_path: Path) -> None:
     spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s"), _utt("b", "s")])
     with pytest.raises(VoxmillError):
         write_shard(tmp_path, spec, [_ok("embed", "a")])
+
+
+def test_a_row_the_file_cannot_hold_is_that_utterances_output_error(tmp_path: Path) -> None:
+    names = ["ok", "nan", "big_token", "float_token", "inf_seconds", "bad_stat", "str_emb", "huge_emb"]
+    utts = [_utt(name, "s") for name in names]
+    good = _ok("extract", "ok")
+    results = [
+        good,
+        replace(good, input="nan", embedding=[float("nan"), 0.5, 0.1]),
+        replace(good, input="big_token", speech_token=[1, -(2**40), 3]),
+        replace(good, input="float_token", speech_token=[1, float("nan")]),  # type: ignore[list-item]
+        replace(good, input="inf_seconds", audio_seconds=float("inf")),
+        replace(good, input="bad_stat", stats={"source_rate_hz": "16k", "rms_dbfs": -20.0}),
+        replace(good, input="str_emb", embedding=["0.5", "0.25"]),  # type: ignore[list-item]
+        replace(good, input="huge_emb", embedding=[1e39, 0.0]),
+    ]
+    spec = ShardSpec(shard=0, op="extract", out_dir=str(tmp_path), utts=utts)
+    rows = read_shard(write_shard(tmp_path, spec, results)).to_pylist()
+    assert [r["utt"] for r in rows] == names
+    assert rows[0]["error_code"] is None and rows[0]["speech_token"] == good.speech_token
+    assert [r["error_code"] for r in rows[1:]] == [OUTPUT_ERROR] * 7
+    assert all(r["speech_token"] is None and r["embedding"] is None for r in rows[1:])
+    messages = [r["error_message"] for r in rows[1:]]
+    assert messages == [
+        "its result cannot be stored: the embedding holds a non-finite value (NaN or infinity)",
+        "its result cannot be stored: a speech token (-1099511627776) is out of the int32 range",
+        "its result cannot be stored: a speech token is not an integer",
+        "its result cannot be stored: audio seconds inf is not a finite number >= 0",
+        "its result cannot be stored: statistic source_rate_hz is '16k'",
+        "its result cannot be stored: an embedding value is not a number",
+        "its result cannot be stored: an embedding value is beyond the float32 range",
+    ]
+
+
+def test_rows_that_still_make_no_table_are_stored_every_one_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A check that missed something: the rows go to the table as they are.
+    monkeypatch.setattr(writers, "storable_results", lambda op, results, utts: list(results))
+    spec = ShardSpec(shard=2, op="tokenize", out_dir=str(tmp_path), utts=[_utt("a", "s"), _utt("b", "s")])
+    bad = replace(_ok("tokenize", "b"), speech_token=[2**40])
+    rows = read_shard(write_shard(tmp_path, spec, [_ok("tokenize", "a"), bad])).to_pylist()
+    assert [r["error_code"] for r in rows] == [OUTPUT_ERROR, OUTPUT_ERROR]
+    assert rows[0]["error_message"].startswith("the shard's rows cannot be stored (ArrowInvalid: ")
+
+
+def test_a_tar_sample_whose_name_is_not_utf8_is_stored_escaped_and_failed(tmp_path: Path) -> None:
+    name = "clip\udcff"  # a tar member name of invalid UTF-8, as tarfile decodes it
+    spec = ShardSpec(shard=0, op="tokenize", out_dir=str(tmp_path), tar="/t/0.tar")
+    rows = read_shard(write_shard(tmp_path, spec, [_ok("tokenize", name)], [_utt(name, "s")])).to_pylist()
+    assert rows[0]["utt"] == "clip\\udcff" and rows[0]["error_code"] == OUTPUT_ERROR
+    wanted = "its result cannot be stored: its utt is not valid Unicode (stored escaped)"
+    assert rows[0]["error_message"] == wanted
 
 
 def test_write_failure_on_disk_full_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

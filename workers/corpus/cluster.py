@@ -13,6 +13,8 @@ which raises `RunError` when it cannot); and it tells it to `stop` once every sh
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,18 +82,34 @@ class EmbeddedCluster:
     ) -> None:
         """`folders` and `url_prefixes`: where the corpus's audio is (`pipeline.corpus.corpus_roots`):
         the run's own workers may read there, as the person running it chose those files. An
-        object-store `out_dir` is allowed as a URL prefix; `workers.log` then goes to `state_dir`."""
+        object-store `out_dir` is allowed as a URL prefix; `workers.log` then goes to `state_dir`.
+
+        The folders may be thousands (one per speaker or chapter): they reach the workers in a
+        file of this run's private temporary folder (`allowed_roots_file`, with any the settings
+        name), not in `VOXMILL_ALLOWED_ROOTS`, which would overflow the environment."""
         check_models(settings, ops)
         self.redis = EmbeddedRedis()
+        self._private = tempfile.TemporaryDirectory(prefix="voxmill-run-")  # mode 0700
         url_roots = (*settings.allowed_url_roots, *url_prefixes)
+        roots = tuple(settings.allowed_roots)
         if isinstance(out_dir, str) and is_url(out_dir):
             url_roots = (*url_roots, normalise_url(out_dir))
-            roots = (*settings.allowed_roots, *folders)
             log_folder = state_dir or Path.cwd()
         else:
-            roots = (*settings.allowed_roots, *folders, Path(out_dir).resolve())
+            roots = (*roots, Path(out_dir).resolve())
             log_folder = Path(out_dir)
-        update = {"broker_url": self.redis.url, "allowed_roots": roots, "allowed_url_roots": url_roots}
+        try:
+            listed = [*settings.roots_from_file(), *folders]
+        except (OSError, ValueError) as exc:
+            raise RunError(f"cannot read allowed_roots_file: {exc}") from None
+        roots = (*roots, *(f for f in listed if "\n" in str(f)))  # a line of the file cannot hold it
+        roots_file = write_roots_file(Path(self._private.name), [f for f in listed if "\n" not in str(f)])
+        update = {
+            "broker_url": self.redis.url,
+            "allowed_roots": roots,
+            "allowed_url_roots": url_roots,
+            "allowed_roots_file": roots_file,
+        }
         self.settings = settings.model_copy(update=update)
         self.workers = LocalWorkers(
             self.settings, workers, queues=list(ops), log_path=log_folder / "workers.log"
@@ -135,9 +153,19 @@ class EmbeddedCluster:
         (shards are idempotent: one cut short runs again on resume)."""
         self.workers.stop(timeout_s=0.0 if completed else 5.0)
         self.redis.stop()
+        self._private.cleanup()
 
 
 Cluster = RemoteCluster | EmbeddedCluster
+
+
+def write_roots_file(folder: Path, roots: Sequence[Path]) -> Path:
+    """`folder/allowed-roots.txt`: one root per line, readable and writable by this user only."""
+    path = folder / "allowed-roots.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as file:  # any folder name
+        file.write("".join(f"{root}\n" for root in roots))
+    return path
 
 
 def check_models(settings: Settings, ops: Sequence[str]) -> None:

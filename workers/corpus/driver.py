@@ -6,10 +6,23 @@ shard, complete or absent). A shard is done when its file exists, whatever happe
 to its task. Its task announces it once, on the run's channel, with its counts; the driver
 listens, and every round it also looks for the files of the shards in flight, so a lost
 announcement costs at most `tuning.SHARD_LOOK_S`. A shard whose file has not appeared within its
-deadline (a few times the median shard time, at least a minute; before any shard is done, only
-the first shards in flight, one per ready worker process, can be late) is submitted again; a duplicate
+deadline (a few times the median shard time, at least a minute, doubled with each attempt;
+before any shard is done, only the first shards in flight, one per ready worker process, can be
+late) is submitted again, unless a live worker runs its task (its id is in that worker's
+heartbeat record): a shard that is merely slow is never sent twice. A shard announced failed
+because its file could not be written (`output_error`, `internal`) is submitted again at once;
+any other failure (a forbidden output folder, a model no worker can load) ends the run. A duplicate
 run of a shard rewrites identical data under the same name, and the merge reads each shard file
 once, so no utterance is ever counted twice.
+
+A shard sent `shard_max_attempts` times without its file being written is given up for good
+(`judge_late`): the driver writes `shards/{op}-{shard:06d}.given-up.parquet`, every utterance
+failed (`output_error` when its tasks said they could not write it, else `internal`) with the
+number of attempts and the last failure heard of; the merge lists them in errors.jsonl and the
+run goes on. Unless no worker has written any shard of the run yet and this one's tasks could not
+write it: then the workers cannot write the output at all, and the run ends saying so. A resume
+finds that file and counts the shard done, so nothing is sent again and again (delete the file to
+have the shard tried anew).
 
 The output folder may be a prefix in an object store: a shard is done when its object exists.
 There, a look costs a request, so each round looks at the shards announced plus at most
@@ -38,31 +51,56 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from pipeline.errors import STORE_ERROR, VoxmillError
+from pipeline.errors import INTERNAL, OUTPUT_ERROR, STORE_ERROR, VoxmillError
 from pipeline.records import ShardResult, ShardSpec
 from pipeline.settings import Settings
 from pipeline.storage import OutputLocation, output_location
-from pipeline.writers import SHARDS_DIR, shard_counts, shard_file_name
+from pipeline.writers import (
+    SHARDS_DIR,
+    given_up_file_name,
+    shard_counts,
+    shard_file_name,
+    write_given_up_shard,
+)
 from workers import keys, tuning
 from workers.corpus.cluster import Cluster
 from workers.corpus.plan import Planner, PlanReader, RunError
 from workers.corpus.progress import ProgressView
 from workers.observe.run_metrics import RunObserver
+from workers.observe.status import worker_records
 from workers.queue import connections
 from workers.queue.app import SHARD_TASK
+from workers.queue.delivery import WorkerView
 from workers.queue.wakeups import ResultWakeups
 
 
 @dataclass
 class InFlight:
-    """A submitted shard: when it was sent and how many times."""
+    """A submitted shard: when it was last sent, how many times, its tasks' ids, when a live worker
+    was last seen running one of them, and the last failure its tasks announced."""
 
     spec: ShardSpec
     submitted: float
     attempts: int = 1
+    task_ids: list[str] = field(default_factory=list)
+    seen_running: float | None = None
+    failure: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class LateVerdict:
+    """What to do with the shards past their deadline (`judge_late`)."""
+
+    resend: list[InFlight]
+    give_up: list[InFlight]
+    running: list[InFlight]  # a live worker runs one of its tasks: it waits
 
 
 STORE_LOOKS_PER_ROUND = 32  # object-store outputs: HEAD requests per round beyond the announced
+# A shard announced failed with one of these could not be written: sent again, then given up. Any
+# other failure (a forbidden output folder, a model no worker loads, a payload the workers do not
+# read) would fail every shard: the run ends.
+SHARD_FAILURES = frozenset({OUTPUT_ERROR, INTERNAL})
 
 
 @dataclass
@@ -76,6 +114,7 @@ class Ledger:
     done: int = 0
     done_now: int = 0
     resubmitted: int = 0
+    given_up: int = 0
     look_cursor: int = 0  # where the next round's looks at unannounced shards start (object store)
     out: OutputLocation = field(init=False)
 
@@ -86,11 +125,21 @@ class Ledger:
         return self.out.ref(shard_file_name(spec.op, spec.shard))
 
     def exists(self, spec: ShardSpec) -> bool:
+        """Whether the shard's file is written (a folder of that name, which no write can replace,
+        is not a shard file)."""
+        ref = self.file_of(spec)
+        if isinstance(ref, Path):
+            return ref.is_file()
         return self.out.exists(shard_file_name(spec.op, spec.shard))
 
     def scan_finished(self) -> None:
         """The shard files already there (a resumed run): one listing of the folder."""
         self.done_before = {n for n in self.out.names(SHARDS_DIR) if n.endswith(".parquet")}
+
+    def done_earlier(self, spec: ShardSpec) -> bool:
+        """Whether an earlier run wrote the shard's file, or gave the shard up."""
+        names = (shard_file_name(spec.op, spec.shard), given_up_file_name(spec.op, spec.shard))
+        return any(name.rsplit("/", 1)[-1] in self.done_before for name in names)
 
     def deadline_s(self, minimum_s: float, factor: float) -> float:
         if not self.durations_s:
@@ -121,7 +170,8 @@ def shards_to_look_at(
 def late_shards(
     inflight: Sequence[InFlight], now: float, deadline_s: float, running: int | None
 ) -> list[InFlight]:
-    """The shards in flight past their deadline (`deadline_s`, doubled with each new attempt).
+    """The shards in flight past their deadline (`deadline_s`, doubled with each new attempt),
+    counted from when they were sent or, later, last seen running on a live worker.
 
     `running`: before any shard of this run is done, only the first that many (one per ready
     worker process) can have started; the others wait in the queue behind them, so their wait is
@@ -129,8 +179,36 @@ def late_shards(
     """
     candidates = inflight if running is None else inflight[:running]
     return [
-        item for item in candidates if now - item.submitted > attempt_deadline_s(deadline_s, item.attempts)
+        item
+        for item in candidates
+        if now - max(item.submitted, item.seen_running or 0.0) > attempt_deadline_s(deadline_s, item.attempts)
     ]
+
+
+def judge_late(late: Sequence[InFlight], running_ids: frozenset[str], max_attempts: int) -> LateVerdict:
+    """What becomes of the shards past their deadline: one whose task a live worker runs waits,
+    however long it takes (it is slow, not lost); any other is sent again, or given up once it
+    was sent `max_attempts` times."""
+    running = [item for item in late if running_ids.intersection(item.task_ids)]
+    lost = [item for item in late if not running_ids.intersection(item.task_ids)]
+    return LateVerdict(
+        resend=[item for item in lost if item.attempts < max_attempts],
+        give_up=[item for item in lost if item.attempts >= max_attempts],
+        running=running,
+    )
+
+
+def given_up_reason(item: InFlight) -> tuple[str, str]:
+    """(code, message) of the utterances of a shard given up: `output_error` when its tasks said
+    its file could not be written, else `internal`; the attempts and the last failure heard of."""
+    failure = item.failure
+    code = OUTPUT_ERROR if failure is not None and failure.get("code") == OUTPUT_ERROR else INTERNAL
+    message = f"shard {item.spec.name} was given up after {item.attempts} attempt(s) without its file written"
+    if failure is not None:
+        message += f"; last failure: {failure.get('code')}: {failure.get('message')}"
+    else:
+        message += " (each task ended without a result, or its worker was lost)"
+    return code, message
 
 
 def attempt_deadline_s(deadline_s: float, attempts: int) -> float:
@@ -152,7 +230,9 @@ class CorpusDriver:
         self.redis = connections.broker_client(self.settings, socket_timeout=5, socket_connect_timeout=5)
         self.announcements = ResultWakeups(self.redis)
         # The observer names the output in its progress record (str of it): a URL string is fine.
-        self.observer = RunObserver(cast(Path, out_dir), self.settings.run_metrics_port)
+        self.observer = RunObserver(
+            cast(Path, out_dir), self.settings.run_metrics_port, self.settings.metrics_bind
+        )
         self._specs: Iterator[ShardSpec] = PlanReader(out_dir, planner).specs()
         self._taken = 0  # shards (all ops of each) taken from the plan so far
         self._next: ShardSpec | None = None
@@ -207,7 +287,7 @@ class CorpusDriver:
         self._collect(announced)
         window = self._window()
         while len(self.ledger.inflight) < window and (spec := self._peek()) is not None:
-            if shard_file_name(spec.op, spec.shard).rsplit("/", 1)[-1] in self.ledger.done_before:
+            if self.ledger.done_earlier(spec):
                 self._count_done(spec, None, resumed=True)
             else:
                 self._submit(spec)  # a broker outage raises here: the spec stays next
@@ -240,19 +320,25 @@ class CorpusDriver:
             self._window_size = max(4, 2 * self._processes)
         return self._window_size
 
-    def _submit(self, spec: ShardSpec, attempts: int = 1) -> None:
-        self.app.send_task(
+    def _submit(self, spec: ShardSpec, earlier: InFlight | None = None) -> None:
+        sent = self.app.send_task(
             SHARD_TASK, args=[spec.to_dict()], queue=spec.op, serializer="json", ignore_result=True
         )
-        self.ledger.inflight[spec.name] = InFlight(spec, time.monotonic(), attempts)
+        item = InFlight(spec, time.monotonic(), task_ids=[sent.id])
+        if earlier is not None:  # its earlier tasks may still run: any of them writes the file
+            item.attempts, item.failure = earlier.attempts + 1, earlier.failure
+            item.task_ids = [*earlier.task_ids, sent.id]
+        self.ledger.inflight[spec.name] = item
 
     def _collect(self, announced: list[ShardResult]) -> None:
-        """Finish the shards whose files exist, announced or not; a failed shard ends the run."""
+        """Finish the shards whose files exist, announced or not. A shard announced failed for
+        want of its file is sent again (or given up); any other failure ends the run."""
         reported: dict[str, ShardResult] = {}
         for result in announced:
-            if result.error:
-                raise RunError(f"shard {result.name} failed: {result.error['message']}")
-            reported[result.name] = result
+            if result.error and result.error.get("code") not in SHARD_FAILURES:
+                raise RunError(f"shard {result.name} failed: {result.error.get('message')}")
+            if result.name not in reported or reported[result.name].error:  # a success tells more
+                reported[result.name] = result
         ledger = self.ledger
         local, budget = ledger.out.is_local, STORE_LOOKS_PER_ROUND
         names, ledger.look_cursor = shards_to_look_at(
@@ -263,29 +349,77 @@ class CorpusDriver:
             if ledger.exists(item.spec):
                 del self.ledger.inflight[name]
                 self.ledger.durations_s.append(time.monotonic() - item.submitted)
-                self._count_done(item.spec, reported.get(name))
-            elif name in reported:  # announced, yet no file: do it again
+                heard = reported.get(name)
+                self._count_done(item.spec, None if heard is None or heard.error else heard)
+            elif name in reported:  # announced failed, or announced yet no file: do it again
+                item.failure = reported[name].error or item.failure
                 self._resubmit(item)
 
     def _resubmit_late(self) -> None:
-        """Submit again every shard past its deadline; each new attempt waits twice as long."""
+        """Submit again every shard past its deadline that no live worker runs (each new attempt
+        waits twice as long); give up those sent `shard_max_attempts` times."""
         base = self.ledger.deadline_s(self.settings.shard_deadline_min_s, self.settings.shard_deadline_factor)
         now = time.monotonic()
         running = None if self.ledger.durations_s else max(1, self._processes)
-        for item in late_shards(list(self.ledger.inflight.values()), now, base, running):
+        late = late_shards(list(self.ledger.inflight.values()), now, base, running)
+        if not late:
+            return
+        verdict = judge_late(late, self._running_task_ids(), self.settings.shard_max_attempts)
+        for item in verdict.running:
+            item.seen_running = now
+        for item in verdict.resend:
             self.view.message(
                 f"shard {item.spec.name} not done after {now - item.submitted:.0f} s "
                 f"(deadline {attempt_deadline_s(base, item.attempts):.0f} s); submitting it again"
             )
             self._resubmit(item)
+        for item in verdict.give_up:
+            self._give_up(item)
+
+    def _running_task_ids(self) -> frozenset[str]:
+        """The ids of the tasks live workers run now (their heartbeat records)."""
+        return WorkerView.from_records(worker_records(self.redis)).running
 
     def _resubmit(self, item: InFlight) -> None:
+        """Send a shard again, or give it up once it was sent `shard_max_attempts` times."""
+        if item.attempts >= self.settings.shard_max_attempts:
+            self._give_up(item)
+            return
         self.ledger.resubmitted += 1
         self.observer.resubmitted()
-        self._submit(item.spec, item.attempts + 1)
+        self._submit(item.spec, item)
 
-    def _count_done(self, spec: ShardSpec, result: ShardResult | None, resumed: bool = False) -> None:
-        """Add one finished shard to the progress counts (a resumed one: its utterances only)."""
+    def _give_up(self, item: InFlight) -> None:
+        """Write the shard's given-up file (every utterance failed, with why) and count it done;
+        `RunError` when even that file cannot be written."""
+        spec = item.spec
+        code, message = given_up_reason(item)
+        if code == OUTPUT_ERROR and self.ledger.done_now == self.ledger.given_up:
+            # Not one shard written by a worker yet: the workers cannot write the output, which
+            # giving up every shard would only hide.
+            raise RunError(
+                f"{message}; no worker has written a shard of this run: check that the workers can "
+                f"write {self.ledger.out.display()}"
+            )
+        try:
+            path = write_given_up_shard(self.ledger.out, spec, code, message)
+        except VoxmillError as exc:
+            raise RunError(f"{message}, and its given-up file cannot be written: {exc.message}") from None
+        del self.ledger.inflight[spec.name]
+        self.ledger.given_up += 1
+        self.view.message(f"{message}: its utterances are {code} failures in errors.jsonl")
+        failed = len(spec.utts) or 1  # a tar shard: one row, the tar
+        self._count_done(spec, ShardResult(spec.shard, spec.op, str(path), 0, failed, 0.0, 0.0), path)
+
+    def _count_done(
+        self,
+        spec: ShardSpec,
+        result: ShardResult | None,
+        file: Path | str | None = None,
+        resumed: bool = False,
+    ) -> None:
+        """Add one finished shard to the progress counts (a resumed one: its utterances only);
+        `file`: its file, when not the shard file (a shard given up)."""
         self.ledger.done += 1
         counts = self.view.counts
         units = 1 if spec.tar else len(spec.utts)  # a tar counts as one until its rows are known
@@ -303,7 +437,7 @@ class CorpusDriver:
         counts.audio_done_s += result.audio_seconds
         counts.failed[spec.op] = counts.failed.get(spec.op, 0) + result.failed
         # A URL shard file goes to the observer as it is: it reads it through read_shard.
-        shard_file = cast(Path, self.ledger.file_of(spec))
+        shard_file = cast(Path, file or self.ledger.file_of(spec))
         self.observer.shard_done(spec, result.ok, result.failed, result.audio_seconds, shard_file)
 
     def _show_progress(self) -> None:

@@ -14,9 +14,11 @@ prefix in an object store, `s3://bucket/run/`: each file is then one object, one
   manifest, the digest of its files (`pipeline.corpus.listing_digest`): a resume of a complete
   plan whose listing files are unchanged takes the plan as it is, without reading the listing.
 
-A `Planner` reads the listing in a thread, cuts it into shards by count in listing order
-(`pipeline.corpus.ShardCutter`; the header's shard size, chosen once from the first utterances
-and kept by every resume), and writes chunk after chunk; the driver takes the shards of the
+A `Planner` works in a thread: it looks at the whole listing first (`pipeline.listing_check`:
+a listing with a problem is refused before any shard is planned, so before any runs), then reads
+it, cuts it into shards by count in listing order (`pipeline.corpus.ShardCutter`; the header's
+shard size, chosen once from the first utterances and kept by every resume), and writes chunk
+after chunk; the driver takes the shards of the
 chunks written so far (`PlanReader`), so the first shards go out while the rest of the listing
 is still being read. Shard k is always the same utterances for the same listing, so a resume
 plans again and compares each shard's digest with the one on disk: a different corpus in the
@@ -322,6 +324,7 @@ class Planner:
         self.requested = requested
         self.fixed_size = shard_size
         self.shard_seconds = settings.shard_seconds
+        self.max_text_chars = settings.max_text_chars
         self.workers = workers
         self.header: PlanHeader | None = self._existing_header()
         self.planned = 0  # shards whose chunk is on disk
@@ -381,7 +384,10 @@ class Planner:
         digest = listing_digest(self.source)  # before reading: a change meanwhile shows next time
         if self.header is not None and digest is not None and self._adopt_finished_plan(digest):
             return
-        listing = CorpusListing(self.source)
+        from pipeline.listing_check import check_listing  # numpy: imported once the workers are spawned
+
+        check_listing(self.source, self.max_text_chars)  # every problem, before the first shard is planned
+        listing = CorpusListing(self.source, max_text_chars=self.max_text_chars)
         utts = iter(listing)
         header = self.header or self._new_header(utts, listing.tars)
         if header.tars != listing.tars:

@@ -141,6 +141,8 @@ def run_corpus(
         return merged
     extra = {"wall_seconds": round(time.monotonic() - started, 3), **(extra_report or {})}
     extra["resubmitted_shards"] = driver.ledger.resubmitted
+    if driver.ledger.given_up:  # shards sent shard_max_attempts times without their file: failed
+        extra["given_up_shards"] = driver.ledger.given_up
     extra["plan_fingerprint"] = planner.fingerprint
     buffer_rows = cluster.settings.merge_buffer_rows
     try:
