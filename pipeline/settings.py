@@ -38,6 +38,8 @@ class AudioLimits:
     max_duration_s: float = 600.0
     min_sample_rate_hz: int = 8000
     max_sample_rate_hz: int = 192000
+    max_decoded_bytes: int = 256 * 1024 * 1024
+    max_amplitude: float = 100.0
 
 
 def _f(default: Any, about: str) -> Any:
@@ -118,6 +120,12 @@ class Settings(BaseSettings):
         "prefixes but no folder, no local path is allowed. Store credentials and endpoints are the "
         "store's own (AWS_ENDPOINT_URL, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS...), never here.",
     )
+    allowed_roots_file: Path | None = _f(
+        None,
+        "A file of more folders path jobs may read, one per line, added to allowed_roots: how `voxmill "
+        "extract` in embedded mode hands its local workers the folders its corpus names (thousands "
+        "would overflow the environment). Refused when others may write to it.",
+    )
     max_file_bytes: int = _f(
         AudioLimits.max_file_bytes, "Largest audio file read (256 MiB), checked before reading."
     )
@@ -126,6 +134,21 @@ class Settings(BaseSettings):
     max_duration_s: float = _f(AudioLimits.max_duration_s, "Longer clips are too_long, told from the header.")
     min_sample_rate_hz: int = _f(AudioLimits.min_sample_rate_hz, "Lowest sample rate accepted.")
     max_sample_rate_hz: int = _f(AudioLimits.max_sample_rate_hz, "Highest sample rate accepted.")
+    max_decoded_bytes: int = _f(
+        AudioLimits.max_decoded_bytes,
+        "Largest decoded clip (frames x channels x 4 bytes), told from the header before decoding "
+        "(256 MiB: 10 min of 48 kHz stereo); a larger one is too_large.",
+    )
+    max_amplitude: float = _f(
+        AudioLimits.max_amplitude,
+        "A clip with a sample beyond this (1.0 is full scale, after the decoder's own scaling) is "
+        "out_of_range: numbers, not audio (100: 40 dB over full scale).",
+    )
+    max_text_chars: int = _f(
+        4096,
+        "Longest name, path or URL a job or a listing line may carry (Linux's PATH_MAX), checked before "
+        "any pattern or path call; longer is bad_request.",
+    )
     speech_check: bool = _f(
         True,
         "Run the speech detector (Silero VAD, vendored) on every clip: its speech seconds go into the "
@@ -187,6 +210,11 @@ class Settings(BaseSettings):
         60.0, "A shard not done within max(this, factor x the median shard time) is submitted again."
     )
     shard_deadline_factor: float = _f(4.0, "See shard_deadline_min_s.")
+    shard_max_attempts: int = _f(
+        4,
+        "A shard sent this many times without being written (its task failed, or it was late each "
+        "time) is given up: its utterances are failures in errors.jsonl, the run goes on.",
+    )
     merge_buffer_rows: int = _f(
         65536,
         "Rows the merge gathers before writing them to an output file: its memory, whatever the corpus.",
@@ -216,6 +244,11 @@ class Settings(BaseSettings):
     )
     # Observability
     metrics_port: int | None = _f(None, "Prometheus endpoint of a worker host (all its pool processes).")
+    metrics_bind: str = _f(
+        "127.0.0.1",
+        "Address every Prometheus endpoint (worker, watcher, extract --metrics-port) listens on; they "
+        "have no login. 0.0.0.0 to be scraped from other hosts (the compose file sets it).",
+    )
     watcher_metrics_port: int | None = _f(None, "The watcher's own endpoint (publications, rejections).")
     run_metrics_port: int | None = _f(
         None,
@@ -302,14 +335,29 @@ class Settings(BaseSettings):
             max_duration_s=self.max_duration_s,
             min_sample_rate_hz=self.min_sample_rate_hz,
             max_sample_rate_hz=self.max_sample_rate_hz,
+            max_decoded_bytes=self.max_decoded_bytes,
+            max_amplitude=self.max_amplitude,
         )
 
     def roots(self) -> tuple[Path, ...]:
-        """Allowed roots, resolved; the working directory when none are configured."""
-        if not self.allowed_roots and self.allowed_url_roots:
+        """Allowed roots (those of `allowed_roots_file` too), resolved; the working directory when
+        none are configured."""
+        listed = (*self.allowed_roots, *self.roots_from_file())
+        if not listed and self.allowed_url_roots:
             return ()  # only URL prefixes were allowed: no local path is
-        roots = self.allowed_roots or (Path.cwd(),)
+        roots = listed or (Path.cwd(),)
         return tuple(Path(r).resolve() for r in roots)
+
+    def roots_from_file(self) -> tuple[Path, ...]:
+        """The folders `allowed_roots_file` lists, one per line (none without one); ValueError when
+        the file may be written by others than its owner (it would widen what jobs read)."""
+        if self.allowed_roots_file is None:
+            return ()
+        path = Path(self.allowed_roots_file)
+        if path.stat().st_mode & 0o022:
+            raise ValueError(f"allowed_roots_file {path} may be written by others; make it mode 0644 or less")
+        text = path.read_text(encoding="utf-8", errors="surrogateescape")  # any folder name
+        return tuple(Path(line) for line in text.split("\n") if line)
 
     def to_env(self) -> dict[str, str]:
         """`VOXMILL_*` variables that reproduce these settings in a child process."""

@@ -7,12 +7,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import redis
 
 from pipeline.settings import Settings
 from tests.conftest import make_settings, voxmill, wait_for
 from workers import keys
 from workers.embedded import free_port
+from workers.observe.run_metrics import RunObserver
 from workers.queue.client import Client
 
 
@@ -54,6 +56,25 @@ def test_metrics_endpoint_has_the_named_series(
     assert series(text, "voxmill_tasks_in_flight")
     rss = series(text, "voxmill_worker_rss_bytes")
     assert len(rss) >= 2 and all(float(s.rsplit(" ", 1)[1]) > 10e6 for s in rss)  # one per pool process
+    # No login on the endpoint: it listens on loopback unless metrics_bind says otherwise.
+    assert listening_addresses(port) == {"127.0.0.1"}
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses a TCP socket listens on at `port`, on this machine."""
+    sockets = psutil.net_connections("tcp")
+    return {c.laddr.ip for c in sockets if c.status == "LISTEN" and c.laddr.port == port}
+
+
+def test_a_run_observer_listens_where_metrics_bind_says(tmp_path: Path) -> None:
+    for bind in ("127.0.0.1", "0.0.0.0"):
+        port = free_port()
+        observer = RunObserver(tmp_path, port, Settings(metrics_bind=bind).metrics_bind)
+        observer.start()
+        try:
+            assert listening_addresses(port) == {bind}
+        finally:
+            observer.metrics.close()
 
 
 def test_status_json_shape_and_a_stopping_worker(

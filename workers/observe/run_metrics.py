@@ -85,8 +85,8 @@ class NoRunMetrics:
     def eta(self, seconds: float | None) -> None:
         """Seconds to the end at this run's speed; None while unknown."""
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve the series on `port`."""
+    def serve(self, port: int, addr: str) -> None:
+        """Serve the series on `addr`:`port`."""
 
     def close(self) -> None:
         """Stop serving."""
@@ -162,7 +162,7 @@ class RunMetrics(NoRunMetrics):
     def eta(self, seconds: float | None) -> None:
         self._eta.set(math.nan if seconds is None else seconds)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+    def serve(self, port: int, addr: str) -> None:
         import prometheus_client as pc
 
         self._server, _ = pc.start_http_server(port, addr=addr, registry=self.registry)
@@ -267,7 +267,7 @@ class RunObserver:
         self,
         out_dir: Path,
         metrics_port: int | None = None,
-        metrics_addr: str = "0.0.0.0",
+        metrics_addr: str = "127.0.0.1",
         ttl_s: int = RUN_PROGRESS_TTL_S,
     ) -> None:
         self.out_dir = out_dir

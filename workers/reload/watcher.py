@@ -529,7 +529,7 @@ def serve(settings: Settings) -> None:
         from workers.observe import metrics
 
         hooks = MetricsHooks(metrics.WatcherMetrics())
-        metrics.serve(settings.watcher_metrics_port)
+        metrics.serve(settings.watcher_metrics_port, settings.metrics_bind)
     try:
         Watcher(settings, client, hooks=hooks).run(stop)
     finally:
