@@ -54,7 +54,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from pipeline import storage
 from pipeline.errors import BAD_REQUEST, VoxmillError
-from pipeline.records import OPS, Utterance
+from pipeline.records import OPS, Utterance, encodable
 from pipeline.storage import MAX_TEXT_CHARS, is_url
 
 if TYPE_CHECKING:
@@ -624,7 +624,7 @@ def manifest_field_problems(data: dict[str, Any], limit: int | None) -> list[str
 def _text_problem(key: str, value: str, limit: int | None) -> str | None:
     """A speaker is a name (`name_problem`); a text only has to be valid Unicode."""
     if key == "text":
-        return None if _encodable(value) else f"field {key!r} is not valid Unicode (a lone surrogate)"
+        return None if encodable(value) else f"field {key!r} is not valid Unicode (a lone surrogate)"
     return name_problem(f"field {key!r}", value, limit)
 
 
@@ -661,20 +661,9 @@ def name_problem(what: str, value: str, limit: int | None) -> str | None:
         return f"{what} is {len(value)} characters long; the limit is {limit} (max_text_chars)"
     if "\x00" in value:
         return f"{what} holds a NUL byte"
-    if not _encodable(value):
+    if not encodable(value):
         return f"{what} is not valid Unicode (a lone surrogate)"
     return None
-
-
-def _encodable(text: str) -> bool:
-    """Whether `text` can be written as UTF-8 (a JSON escape such as \\ud800 gives a lone surrogate)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _quote(text: str, width: int = 120) -> str:

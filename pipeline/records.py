@@ -20,6 +20,20 @@ ROLES_BY_OP: dict[str, tuple[str, ...]] = {
 }
 
 
+def encodable(text: object) -> bool:
+    """Whether `text` is a string a record's file can hold: UTF-8 encodable (a JSON escape such as
+    \\ud800 gives a lone surrogate, which is not)."""
+    if not isinstance(text, str):
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Utterance:
     """One clip of a corpus: a whole file (or object URL), or the segment [start_s, end_s) of a

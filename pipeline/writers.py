@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from pipeline import storage
 from pipeline.errors import INTERNAL, NOT_FOUND, OUTPUT_ERROR, VoxmillError
 from pipeline.quality import STAT_FIELDS
-from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, TaskResult, Utterance
+from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, TaskResult, Utterance, encodable
 from pipeline.storage import OutputLocation, output_location
 
 MODELS_METADATA_KEY = b"voxmill.models"
@@ -270,7 +270,7 @@ def row_problem(op: str, result: TaskResult, utt: Utterance) -> str | None:
     embedding that is not finite float32 numbers, audio seconds or statistics out of their
     columns' range or type."""
     for what, text in (("utt", utt.utt), ("spk", utt.spk)):
-        if not _encodable(text):
+        if not encodable(text):
             return f"its {what} is not valid Unicode (stored escaped)"
     error = result.error
     if error is not None:
@@ -328,7 +328,7 @@ def _stats_problem(stats: Any) -> str | None:
             continue
         kind = SHARD_SCHEMA.field(name).type
         if pa.types.is_string(kind):
-            ok = isinstance(value, str) and _encodable(value)
+            ok = encodable(value)
         elif pa.types.is_integer(kind):
             ok = _is_integer(value) and INT32_RANGE[0] <= value <= INT32_RANGE[1]
         else:
@@ -346,21 +346,9 @@ def _is_number(value: Any) -> bool:
     return _is_integer(value) or isinstance(value, (float, np.floating))
 
 
-def _encodable(text: Any) -> bool:
-    if not isinstance(text, str):
-        return False
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _storable_text(text: str) -> str:
     """`text`, its lone surrogates (a tar member name that was not UTF-8) written as escapes."""
-    return text if _encodable(text) else str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if encodable(text) else str(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _short(text: str, width: int = 200) -> str:
