@@ -27,6 +27,13 @@ STORE_ERROR = "store_error"
 FILTERED = "filtered"
 # Wave 3: samples beyond `max_amplitude` after the decoder's own scaling: numbers, not audio.
 OUT_OF_RANGE = "out_of_range"
+# The producer gave up waiting for a job's result (`Client`): never a worker's answer.
+TIMEOUT = "timeout"
+# A command cannot go on (these end a command with exit status 1 or 2; no result carries them).
+RUN_ERROR = "run_error"  # a corpus run: bad listing, output not writable, another run in the folder
+NO_BROKER = "no_broker"  # no broker URL configured where a command needs one
+NO_CONSUMER = "no_consumer"  # no live worker consumes the queue a job needs
+PROCESS_EXITED = "process_exited"  # a process voxmill started (embedded Redis, a worker) exited
 
 CODES: tuple[str, ...] = (
     NOT_FOUND,
@@ -46,6 +53,11 @@ CODES: tuple[str, ...] = (
     STORE_ERROR,
     FILTERED,
     OUT_OF_RANGE,
+    TIMEOUT,
+    RUN_ERROR,
+    NO_BROKER,
+    NO_CONSUMER,
+    PROCESS_EXITED,
 )
 
 

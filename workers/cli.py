@@ -159,7 +159,7 @@ def up(
     It prints the `export VOXMILL_BROKER_URL=...` line to run in another shell; Ctrl-C stops
     everything.
     """
-    from workers.embedded import LocalCluster
+    from workers.embedded import LocalCluster, ProcessExited
     from workers.observe.logs import redact
 
     settings = load_settings(models)
@@ -185,7 +185,9 @@ def up(
         cluster.wait()
     except KeyboardInterrupt:
         out.print("stopping…")
-    except (RuntimeError, TimeoutError) as exc:  # a part exited, or the workers never got ready
+    except ProcessExited as exc:  # a part exited
+        fail(redact(exc.message), code=1)
+    except TimeoutError as exc:  # the workers never got ready
         fail(redact(str(exc)), code=1)
     finally:
         cluster.stop()
@@ -246,7 +248,7 @@ def submit(
         answered = iter(client.wait_all(jobs, timeout_s=timeout))
         results = [refused[i] if i in refused else next(answered) for i in range(len(audio))]
     except NoConsumer as exc:
-        fail(str(exc))
+        fail(exc.message)
     except (OperationalError, redis.RedisError) as exc:
         fail(f"cannot reach the broker at {settings.redacted_broker_url()}: {exc}")
     for result in results:
@@ -384,7 +386,7 @@ def extract(
             settings, as_source(source), mend_url(out_dir), op_list, local_workers, shard_size, quiet, quality
         )
     except RunError as exc:  # RunMetricsPortError too
-        fail(str(exc))
+        fail(exc.message)
     except KeyboardInterrupt:
         err.print(f"interrupted; run the same command again to resume from {out_dir}")
         raise typer.Exit(130) from None
@@ -501,7 +503,7 @@ def demo(
             settings, data_dir, out_dir, ["tokenize", "embed"], workers or os.cpu_count() or 1, 4
         )
     except RunError as exc:
-        fail(str(exc))
+        fail(exc.message)
     print_outputs(out_dir, report)
     out.print("errors.jsonl names the broken clip; `make demo` again resumes (every shard is already done).")
 

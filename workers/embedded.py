@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, BinaryIO
 
+from pipeline.errors import PROCESS_EXITED, VoxmillError
 from pipeline.settings import PROJECT_ROOT, Settings
 
 if TYPE_CHECKING:
@@ -67,8 +68,11 @@ def redis_server_binary() -> str:
     return "redis-server"
 
 
-class ProcessExited(RuntimeError):
+class ProcessExited(VoxmillError):
     """A process this module started exited while it was expected to come up or keep running."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(PROCESS_EXITED, message)
 
 
 def wait_until(

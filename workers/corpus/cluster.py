@@ -145,7 +145,7 @@ class EmbeddedCluster:
                     f"see {self.workers.log_path}"
                 )
         except (TimeoutError, ProcessExited) as exc:
-            raise RunError(str(exc)) from None
+            raise RunError(exc.message if isinstance(exc, VoxmillError) else str(exc)) from None
 
     def stop(self, completed: bool = False) -> None:
         """Stop the workers and Redis (again: nothing). Once every shard file exists nothing is in

@@ -65,7 +65,7 @@ from pipeline.corpus import (
     shard_digest,
     shard_size_for_durations,
 )
-from pipeline.errors import VoxmillError
+from pipeline.errors import RUN_ERROR, VoxmillError
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
 from pipeline.storage import OutputLocation, location_name, output_location
@@ -89,8 +89,11 @@ DURATION_SAMPLE = 1000  # the first utterances, whose mean duration sizes the sh
 MAX_SHARD_SIZE = 4096
 
 
-class RunError(Exception):
+class RunError(VoxmillError):
     """The run cannot go on (bad input, output not writable, a different run in the folder)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(RUN_ERROR, message)
 
 
 @dataclass(frozen=True)

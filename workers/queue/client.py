@@ -45,7 +45,17 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from pipeline.errors import MODEL_ERROR, TOO_LARGE
+from pipeline.errors import (
+    INTERNAL,
+    MODEL_ERROR,
+    NO_BROKER,
+    NO_CONSUMER,
+    NOT_FOUND,
+    TIMEOUT,
+    TOO_LARGE,
+    UNREADABLE,
+    VoxmillError,
+)
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
 from pipeline.storage import is_url, mend_url
@@ -68,7 +78,6 @@ from workers.queue.delivery import (
 from workers.queue.wakeups import ResultWakeups
 
 log = logging.getLogger("voxmill.client")
-TIMEOUT_CODE = "timeout"
 
 
 def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, TaskResult | None]:
@@ -86,21 +95,21 @@ def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, Ta
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        return refused("not_found", f"no such file: {path}")
+        return refused(NOT_FOUND, f"no such file: {path}")
     except OSError as exc:
-        return refused("unreadable", f"cannot read {path}: {exc.strerror}")
+        return refused(UNREADABLE, f"cannot read {path}: {exc.strerror}")
     if not stat.S_ISREG(info.st_mode):
-        return refused("unreadable", f"{path} is not a regular file")
+        return refused(UNREADABLE, f"{path} is not a regular file")
     if info.st_size > max_payload_bytes:
         limit_mb = max_payload_bytes / 2**20
         return refused(
-            "too_large",
+            TOO_LARGE,
             f"file is {info.st_size / 2**20:.1f} MB; jobs by bytes take at most {limit_mb:.0f} MB",
         )
     try:
         return path.read_bytes(), None
     except OSError as exc:
-        return refused("unreadable", f"cannot read {path}: {exc.strerror}")
+        return refused(UNREADABLE, f"cannot read {path}: {exc.strerror}")
 
 
 def payload_refusal(op: str, label: str, size: int, max_payload_bytes: int) -> TaskResult | None:
@@ -113,23 +122,25 @@ def payload_refusal(op: str, label: str, size: int, max_payload_bytes: int) -> T
 
 
 
-class BrokerNotConfigured(RuntimeError):
+class BrokerNotConfigured(VoxmillError):
     """No broker URL: says exactly what to set or run."""
 
     def __init__(self) -> None:
         super().__init__(
+            NO_BROKER,
             "no broker configured: set VOXMILL_BROKER_URL (for example redis://127.0.0.1:6379/0), "
             "or start a local cluster with `voxmill up` and export the URL it prints"
         )
 
 
-class NoConsumer(RuntimeError):
+class NoConsumer(VoxmillError):
     """No live worker consumes the queue a job needs: says which, and the command that starts one."""
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
         self.command = start_command(queue)
-        super().__init__(f"no live worker consumes the {queue} queue: start one with {self.command}")
+        message = f"no live worker consumes the {queue} queue: start one with {self.command}"
+        super().__init__(NO_CONSUMER, message)
 
 
 @dataclass(frozen=True)
@@ -152,7 +163,7 @@ class Job:
 def timed_out(job: Job, timeout_s: float, reason: str = "") -> TaskResult:
     """The `timeout` error result of a job with no result by the deadline (and why, if known)."""
     message = f"no result within {timeout_s:g} s" + (f"; {reason}" if reason else "")
-    return TaskResult(input=job.label, op=job.op, error={"code": TIMEOUT_CODE, "message": message})
+    return TaskResult(input=job.label, op=job.op, error={"code": TIMEOUT, "message": message})
 
 
 def read_worker_records(client: redis.Redis) -> list[dict[str, Any]]:
@@ -479,4 +490,4 @@ class Client:
         if meta.get("status") == "SUCCESS" and isinstance(value, dict):
             return dataclasses.replace(TaskResult.from_dict(value), input=job.label)  # as the user gave it
         message = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else str(value)
-        return TaskResult(input=job.label, op=job.op, error={"code": "internal", "message": message})
+        return TaskResult(input=job.label, op=job.op, error={"code": INTERNAL, "message": message})

@@ -129,7 +129,7 @@ def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, 
     except ModelUnavailable as exc:
         retries = process.settings.model_retries
         if task.request.retries >= retries:  # the producer is told why, as a result
-            result = TaskResult(input=label, op=op, error={"code": errors.MODEL_ERROR, "message": str(exc)})
+            result = TaskResult(input=label, op=op, error=exc.to_dict())
             log_result(task, result)
             return result.to_dict()
         raise task.retry(
@@ -180,7 +180,7 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
             models = {role: s.ref.to_dict() for role, s in sessions.items()}
     except ModelUnavailable as exc:
         if task.request.retries >= process.settings.model_retries:
-            return failed_shard(payload, VoxmillError(errors.MODEL_ERROR, str(exc)))
+            return failed_shard(payload, exc)
         raise task.retry(
             exc=exc,
             countdown=retry_countdown(task.request.retries),
@@ -278,7 +278,7 @@ def model_label(models: dict[str, dict[str, str]]) -> str:
 
 def outcome_of(result: TaskResult) -> str:
     """`ok` or the error code."""
-    return "ok" if result.error is None else result.error.get("code", "internal")
+    return "ok" if result.error is None else result.error.get("code", errors.INTERNAL)
 
 
 def finished_shard(out: OutputLocation, spec: ShardSpec) -> ShardResult | None:
