@@ -108,7 +108,7 @@ def measure_worker_ready(
     from benchmarks.extract_run import read_traces
     from pipeline.settings import Settings
     from workers.embedded import EmbeddedRedis, LocalWorkers
-    from workers.observe import status
+    from workers.heartbeat import count_ready_workers
     from workers.queue.app import TASK_NAMES, create_app
 
     trace_dir = WORK_DIR / "runs" / f"coldstart-{time.time_ns()}"
@@ -135,7 +135,7 @@ def measure_worker_ready(
         cluster.start()
         heartbeat_s = None
         while heartbeat_s is None and time.time() - spawned < timeout_s:
-            if status.count_ready_workers(client) >= 1:
+            if count_ready_workers(client) >= 1:
                 heartbeat_s = time.time() - spawned
             else:
                 time.sleep(0.02)

@@ -54,8 +54,8 @@ from pipeline.demo import speechlike
 from pipeline.settings import Settings
 from pipeline.standin import make_standins
 from workers.embedded import EmbeddedRedis, LocalWorkers
+from workers.heartbeat import read_worker_records
 from workers.keys import QUEUES
-from workers.observe.status import worker_records
 from workers.queue.client import Client, Job
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -129,7 +129,7 @@ class Soak:
         """The worker's pool processes (from their heartbeats)."""
         assert self.redis is not None and self.workers is not None and self.workers.process is not None
         parent = self.workers.process.pid
-        return sorted(r["pid"] for r in worker_records(self.redis) if r.get("ppid") == parent)
+        return sorted(r.pid for r in read_worker_records(self.redis) if r.ppid == parent)
 
     def used_memory(self) -> int:
         assert self.redis is not None

@@ -11,6 +11,14 @@ import soundfile as sf
 
 from pipeline.demo import speechlike
 
+
+def worker_dicts(client: object) -> list[dict]:
+    """Every live worker process's heartbeat record, as the JSON `voxmill status --json` shows."""
+    from workers.heartbeat import read_worker_records
+
+    return [record.to_dict() for record in read_worker_records(client)]  # type: ignore[arg-type]
+
+
 OUTPUT_FILES = ("speech_tokens.parquet", "utt_embeddings.parquet", "spk_embeddings.parquet")
 
 

@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, BinaryIO
 
 from pipeline.errors import PROCESS_EXITED, VoxmillError
 from pipeline.settings import PROJECT_ROOT, Settings
+from workers.heartbeat import count_ready_workers
 
 if TYPE_CHECKING:
     import redis
@@ -285,10 +286,8 @@ class LocalWorkers:
 
     def ready_count(self, client: redis.Redis) -> int:
         """This worker's pool processes that have loaded their models (their heartbeats say so)."""
-        from workers.observe import status
-
         pid = self.process.pid if self.process else -1
-        return status.count_ready_workers(client, parent_pid=pid)
+        return count_ready_workers(client, parent_pid=pid)
 
     def check_running(self) -> None:
         """`ProcessExited` (with the exit code and where the log is) unless the worker runs."""

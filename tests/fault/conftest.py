@@ -231,9 +231,9 @@ def submit_stream() -> Iterator[Callable[..., SubmitStream]]:
 
 
 def pool_children(client: redis.Redis, parent_pid: int) -> list[int]:
-    from workers.observe.status import worker_records
+    from tests.helpers import worker_dicts
 
-    return [r["pid"] for r in worker_records(client) if r.get("ppid") == parent_pid]
+    return [r["pid"] for r in worker_dicts(client) if r.get("ppid") == parent_pid]
 
 
 def kill_group(pid: int) -> None:

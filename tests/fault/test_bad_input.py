@@ -40,9 +40,9 @@ from pipeline.records import TaskResult
 from pipeline.settings import AudioLimits
 from tests import speech_audio
 from tests.conftest import flush_keeping_claim, make_settings, voxmill, wait_for
+from tests.helpers import worker_dicts
 from workers.embedded import LocalWorkers
 from workers.keys import QUEUES
-from workers.observe.status import worker_records
 from workers.queue.client import Client
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
@@ -526,7 +526,7 @@ def observed(result: TaskResult) -> Observed:
 
 
 def children_of(client: redis.Redis, parent_pid: int) -> set[int]:
-    return {r["pid"] for r in worker_records(client) if r.get("ppid") == parent_pid}
+    return {r["pid"] for r in worker_dicts(client) if r.get("ppid") == parent_pid}
 
 
 def read_chars(pids: set[int]) -> int:

@@ -22,8 +22,8 @@ import redis
 from tests.conftest import make_settings
 from tests.fault.conftest import PrivateRedis, kill_group, settle
 from tests.fault.streams import ClientStream, SubmitRun, Tally, executions, make_clips, wait_submitted
+from tests.helpers import worker_dicts
 from workers.embedded import LocalWorkers
-from workers.queue.client import read_worker_records
 
 pytestmark = pytest.mark.slow
 QUEUES = ("embed",)
@@ -55,7 +55,7 @@ def wait_until_busy(url: str, workers: LocalWorkers, run: SubmitRun, queued: int
         wait_submitted(client, run.files[-1], [workers.log_path])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            records = read_worker_records(client)
+            records = worker_dicts(client)
             parent = workers.process.pid if workers.process else -1
             busy = [r for r in records if r.get("running") and r.get("ppid") == parent]
             if busy and client.llen("embed") >= queued:

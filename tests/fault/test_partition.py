@@ -26,8 +26,9 @@ from pipeline.demo import speechlike
 from tests.conftest import make_settings
 from tests.fault.conftest import SHARD_SIZE, PrivateRedis
 from tests.fault.streams import executions
+from tests.helpers import worker_dicts
 from workers.embedded import wait_until
-from workers.queue.client import Client, read_worker_records
+from workers.queue.client import Client
 
 pytestmark = pytest.mark.slow
 CUT_S = 60.0
@@ -164,7 +165,7 @@ def test_a_worker_cut_off_from_redis_for_60_s_resumes_and_answers_once(
     watcher = redis.Redis.from_url(direct.broker_url)
 
     def running() -> bool:
-        return any(job.id in r.get("running", []) for r in read_worker_records(watcher))
+        return any(job.id in r.get("running", []) for r in worker_dicts(watcher))
 
     wait_until(running, 60, "the long job running", interval_s=0.05)
     answered: list[tuple[str, Any, float]] = []
@@ -194,7 +195,7 @@ def test_a_worker_cut_off_from_redis_for_60_s_resumes_and_answers_once(
     assert run["report"]["ops"] == {"embed": {"ok": len(utts), "failed": 0}}
     # the worker resumed by itself: the same processes, consuming and recording again
     assert workers.alive() and {p.pid for p in psutil.Process(workers.process.pid).children()} == pool
-    wait_until(lambda: {r["pid"] for r in read_worker_records(watcher)} >= pool, 30, "the worker's records")
+    wait_until(lambda: {r["pid"] for r in worker_dicts(watcher)} >= pool, 30, "the worker's records")
     ran = executions(workers.log_path.read_text(), {job.id})
     print(
         f"the long job ran {ran[job.id]} time(s); the producer sent it {1 + client.resent} time(s); "

@@ -33,9 +33,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.errors import CODES
 from pipeline.settings import Settings
 from tests.conftest import FIXTURES, flush_keeping_claim, make_settings, wait_for
+from tests.helpers import worker_dicts
 from workers import keys
 from workers.embedded import LocalWorkers, free_port
-from workers.observe.status import worker_records
 from workers.queue import admission
 from workers.queue.admission import DeadLetter
 from workers.queue.client import Client
@@ -74,7 +74,7 @@ class Worker:
         return [DeadLetter.from_json(raw) for raw in reversed(self.redis.lrange(keys.DEAD_LETTERS, 0, -1))]
 
     def pool(self) -> set[int]:
-        return {r["pid"] for r in worker_records(self.redis) if r.get("ppid") == self.main_pid}
+        return {r["pid"] for r in worker_dicts(self.redis) if r.get("ppid") == self.main_pid}
 
     def assert_unharmed(self) -> None:
         """Same main process, same pool processes, nothing left on or taken from the queue."""

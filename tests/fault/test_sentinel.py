@@ -23,8 +23,8 @@ import redis
 from tests.conftest import make_settings
 from tests.fault.conftest import SHARD_SIZE
 from tests.fault.streams import ClientStream, SubmitRun, make_clips, wait_submitted
+from tests.helpers import worker_dicts
 from workers.embedded import free_port, redis_server_binary, wait_until
-from workers.queue.client import read_worker_records
 
 pytestmark = pytest.mark.slow
 MASTER = "voxmill"
@@ -183,7 +183,7 @@ def test_primary_killed_mid_run_the_replica_takes_over(
     # the same worker processes serve on, and write their records on the new primary
     assert workers.alive() and {p.pid for p in psutil.Process(workers.process.pid).children()} == pool
     wait_until(
-        lambda: {r["pid"] for r in read_worker_records(replica.client)} >= pool,
+        lambda: {r["pid"] for r in worker_dicts(replica.client)} >= pool,
         30,
         "records on the new primary",
     )

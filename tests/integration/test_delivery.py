@@ -21,9 +21,9 @@ from workers.queue.client import Client, NoConsumer, queues_to_mark
 
 
 def records_of(client: redis.Redis, parent_pid: int) -> list[dict]:
-    from workers.queue.client import read_worker_records
+    from tests.helpers import worker_dicts
 
-    return [r for r in read_worker_records(client) if r.get("ppid") == parent_pid]
+    return [r for r in worker_dicts(client) if r.get("ppid") == parent_pid]
 
 
 @pytest.fixture(scope="module")

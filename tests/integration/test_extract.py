@@ -17,8 +17,7 @@ import redis
 
 from pipeline.writers import SHARDS_DIR
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
-from tests.helpers import make_audio_folder, read_outputs
-from workers.observe.status import worker_records
+from tests.helpers import make_audio_folder, read_outputs, worker_dicts
 
 SLOW_CORPUS_SIZE = 48
 
@@ -212,7 +211,7 @@ def test_killing_a_worker_child_mid_shard_loses_nothing(
     workers = start_worker(settings, concurrency=2, queues=("tokenize", "embed"))
     proc = start_extract(slow_corpus, out, slow_models, env=settings.to_env())
     wait_for(lambda: len(shard_files(out)) >= 3, timeout_s=120, interval_s=0.02)
-    children = [r["pid"] for r in worker_records(redis_client) if r["ppid"] == workers.process.pid]
+    children = [r["pid"] for r in worker_dicts(redis_client) if r["ppid"] == workers.process.pid]
     os.kill(children[0], signal.SIGKILL)
     assert proc.wait(timeout=240) == 0, proc.stdout.read() if proc.stdout else ""
     assert read_outputs(out) == read_outputs(reference_run)

@@ -174,7 +174,7 @@ def _start_host(folder: Path, models: Path, redis_url: str, env: dict[str, str],
 def _wait_ready(redis_url: str, hosts: list[Any], count: int, timeout_s: float = 90.0) -> None:
     import redis
 
-    from workers.observe.status import count_ready_workers
+    from workers.heartbeat import count_ready_workers
 
     client = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + timeout_s

@@ -39,8 +39,8 @@ from pipeline.records import TaskResult
 from pipeline.sessions import sha256_bytes
 from pipeline.settings import AudioLimits
 from tests.conftest import WorkerFactory, make_settings, voxmill, wait_for
+from tests.helpers import worker_dicts
 from workers.embedded import LocalWorkers, free_port, redis_server_binary
-from workers.observe.status import worker_records
 from workers.queue.client import Client
 from workers.reload import generations
 
@@ -198,7 +198,7 @@ def test_a_password_protected_broker_works_and_the_password_appears_nowhere(
     client = locked_redis.client()
     try:
         stored = everything_in(client)
-        children = [r["pid"] for r in worker_records(client)]
+        children = [r["pid"] for r in worker_dicts(client)]
     finally:
         client.close()
     assert workers.process is not None and workers.log_path is not None
@@ -313,7 +313,7 @@ def test_a_published_generation_never_makes_a_worker_load_a_path_from_redis(
     )
 
     def failure() -> dict[str, str] | None:
-        records = worker_records(redis_client)
+        records = worker_dicts(redis_client)
         return next((r["reload_failures"]["embedder"] for r in records if r.get("reload_failures")), None)
 
     seen = wait_for(failure, timeout_s=30)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill
-from workers.observe.status import worker_records
+from tests.helpers import worker_dicts
 from workers.queue.client import Client, NoConsumer
 
 
@@ -21,7 +21,7 @@ def test_embed_only_worker_never_loads_the_tokenizer(
     with pytest.raises(NoConsumer, match="voxmill worker -Q tokenize"):  # refused, not left waiting
         client.submit("tokenize", audio_dir / "chirp_3s.wav")
     assert client.run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=30)[0].error is None
-    records = [r for r in worker_records(redis_client) if r["ppid"] == workers.process.pid]
+    records = [r for r in worker_dicts(redis_client) if r["ppid"] == workers.process.pid]
     assert records and all(set(r["models"]) == {"embedder"} for r in records)
     assert all(r["queues"] == ["embed"] for r in records)
     assert redis_client.llen("tokenize") == 0
@@ -38,7 +38,7 @@ def test_worker_with_a_slow_loading_model_still_comes_up(
     write_model(make_embedder_model("full"), models / "campplus.onnx")
     slow = make_settings(redis_url, models, [audio_dir], warmup_runs=250)
     workers = start_worker(slow, concurrency=1, queues=("embed",), timeout_s=180)
-    record = next(r for r in worker_records(redis_client) if r["ppid"] == workers.process.pid)
+    record = next(r for r in worker_dicts(redis_client) if r["ppid"] == workers.process.pid)
     model = record["models"]["embedder"]
     assert model["load_s"] + model["warmup_s"] > 4.0  # longer than Celery's default proc-alive timeout
     result = Client(slow).run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=60)[0]

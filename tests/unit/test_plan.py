@@ -170,9 +170,12 @@ def test_both_ops_run_as_one_extract_task_only_where_every_worker_serves_it() ->
     assert task_ops(["tokenize", "embed"], True) == ["extract"]
     assert task_ops(["tokenize", "embed"], False) == ["tokenize", "embed"]
     assert task_ops(["embed"], True) == ["embed"]
-    both = {"queues": ["tokenize", "embed", "extract"]}
+    from workers.heartbeat import WorkerRecord
+
+    both = WorkerRecord.from_dict({"queues": ["tokenize", "embed", "extract"]})
     assert all_serve_extract([both, both])
-    assert not all_serve_extract([both, {"queues": ["tokenize"]}])  # a GPU tokenize-only worker
+    tokenize_only = WorkerRecord.from_dict({"queues": ["tokenize"]})
+    assert not all_serve_extract([both, tokenize_only])  # a GPU tokenize-only worker
     assert not all_serve_extract([])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.settings import Settings
+from workers.heartbeat import WorkerRecord
 from workers.queue import connections
 from workers.queue.client import NoConsumer, message_task_id
 from workers.queue.delivery import (
@@ -24,14 +25,16 @@ from workers.queue.delivery import (
 from workers.worker import roles_for_queues, served_queues
 
 
-def record(worker: str, queues: list[str], models=(), errors=None, running=()) -> dict:
-    return {
-        "worker_id": worker,
-        "queues": queues,
-        "models": {role: {"sha256": "0" * 64} for role in models},
-        "load_errors": errors or {},
-        "running": list(running),
-    }
+def record(worker: str, queues: list[str], models=(), errors=None, running=()) -> WorkerRecord:
+    return WorkerRecord.from_dict(
+        {
+            "worker_id": worker,
+            "queues": queues,
+            "models": {role: {"sha256": "0" * 64} for role in models},
+            "load_errors": errors or {},
+            "running": list(running),
+        }
+    )
 
 
 # -- which queues a worker serves ---------------------------------------------------------------

@@ -27,6 +27,7 @@ from pipeline.settings import Settings
 from pipeline.storage import is_url, normalise_url
 from workers.corpus.plan import RunError
 from workers.embedded import EmbeddedRedis, LocalWorkers, ProcessExited
+from workers.heartbeat import count_ready_workers
 
 if TYPE_CHECKING:  # redis-py and Celery are imported once the local workers are spawned
     import redis
@@ -56,9 +57,7 @@ class RemoteCluster:
         return self
 
     def ready_workers(self, client: redis.Redis) -> int:
-        from workers.observe import status
-
-        return status.count_ready_workers(client)
+        return count_ready_workers(client)
 
     def check(self, client: redis.Redis) -> None:
         """Workers may come and go: nothing to check (late shards are submitted again)."""

@@ -66,8 +66,8 @@ from workers import keys, tuning
 from workers.corpus.cluster import Cluster
 from workers.corpus.plan import Planner, PlanReader, RunError
 from workers.corpus.progress import ProgressView
+from workers.heartbeat import read_worker_records
 from workers.observe.run_metrics import RunObserver
-from workers.observe.status import worker_records
 from workers.queue import connections
 from workers.queue.app import SHARD_TASK
 from workers.queue.delivery import WorkerView
@@ -378,7 +378,7 @@ class CorpusDriver:
 
     def _running_task_ids(self) -> frozenset[str]:
         """The ids of the tasks live workers run now (their heartbeat records)."""
-        return WorkerView.from_records(worker_records(self.redis)).running
+        return WorkerView.from_records(read_worker_records(self.redis)).running
 
     def _resubmit(self, item: InFlight) -> None:
         """Send a shard again, or give it up once it was sent `shard_max_attempts` times."""

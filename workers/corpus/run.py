@@ -27,6 +27,7 @@ from pipeline.settings import Settings
 from pipeline.storage import mend_url, output_location
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
 from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, run_state_folder, task_ops
+from workers.heartbeat import WorkerRecord, read_worker_records
 
 
 def extract_corpus(
@@ -85,23 +86,22 @@ def _workers(cluster: Cluster, local: int) -> tuple[int | None, bool]:
         return local, True  # its workers hold both models when both ops are asked
     import redis
 
-    from workers.observe.status import worker_records
     from workers.queue import connections
 
     try:
         client = connections.broker_client(cluster.settings, socket_timeout=5, socket_connect_timeout=5)
         try:
-            return cluster.ready_workers(client) or None, all_serve_extract(worker_records(client))
+            return cluster.ready_workers(client) or None, all_serve_extract(read_worker_records(client))
         finally:
             client.close()
     except redis.RedisError:
         return None, False
 
 
-def all_serve_extract(records: Sequence[dict[str, Any]]) -> bool:
+def all_serve_extract(records: Sequence[WorkerRecord]) -> bool:
     """Every live worker that takes tokenize or embed jobs also takes `extract` ones (and there is
     one): a run may then give each shard to one worker for both ops."""
-    served = [set(record.get("queues") or ()) for record in records]
+    served = [set(record.queues) for record in records]
     takers = [queues for queues in served if queues & {"tokenize", "embed"}]
     return bool(takers) and all("extract" in queues for queues in takers)
 

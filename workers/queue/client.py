@@ -17,7 +17,7 @@ Every job is answered once (`workers.queue.delivery` decides, this module looks 
 - A bytes job over `max_payload_bytes` is answered `too_large` by `submit` itself: nothing is
   sent, and its result comes back in its place among the others.
 - `submit` raises `NoConsumer` when no live worker consumes the job's queue (the heartbeat
-  records `keys.WORKER` say which queues each process consumes).
+  records (`workers.heartbeat`) say which queues each process consumes).
 - A job that every live consumer of its queue cannot run (a model it needs failed to load) is
   answered at once with `model_error` and the workers' reasons.
 - Each pending job keeps what was sent (its path or its bytes) until its result is read. A job
@@ -61,6 +61,7 @@ from pipeline.settings import Settings
 from pipeline.storage import is_url, mend_url
 from pipeline.units import format_bytes
 from workers import keys, tuning
+from workers.heartbeat import read_worker_records
 from workers.queue import connections
 from workers.queue.app import TASK_NAMES, create_app
 from workers.queue.delivery import (
@@ -164,20 +165,6 @@ def timed_out(job: Job, timeout_s: float, reason: str = "") -> TaskResult:
     """The `timeout` error result of a job with no result by the deadline (and why, if known)."""
     message = f"no result within {timeout_s:g} s" + (f"; {reason}" if reason else "")
     return TaskResult(input=job.label, op=job.op, error={"code": TIMEOUT, "message": message})
-
-
-def read_worker_records(client: redis.Redis) -> list[dict[str, Any]]:
-    """Every live worker process's heartbeat record (one SCAN, then MGETs)."""
-    found = list(client.scan_iter(match=keys.WORKER_PATTERN, count=500))
-    records = []
-    for start in range(0, len(found), tuning.RESULT_READ_BATCH):
-        for raw in client.mget(found[start : start + tuning.RESULT_READ_BATCH]):
-            if raw:
-                try:
-                    records.append(json.loads(raw))
-                except ValueError:
-                    continue
-    return records
 
 
 def queued_ids(client: redis.Redis, queue: str, wanted: set[str]) -> set[str]:

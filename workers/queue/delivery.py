@@ -22,10 +22,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from pipeline.records import ROLES_BY_OP
 from workers import tuning
+from workers.heartbeat import WorkerRecord
 from workers.keys import QUEUES
 
 WAIT = "wait"  # queued, running, or not late yet
@@ -50,18 +50,18 @@ class WorkerView:
     load_errors: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # worker -> role -> why
 
     @classmethod
-    def from_records(cls, records: Iterable[Mapping[str, Any]]) -> WorkerView:
+    def from_records(cls, records: Iterable[WorkerRecord]) -> WorkerView:
         consumers: dict[str, list[str]] = {}
         running: set[str] = set()
         serving: dict[str, frozenset[str]] = {}
         errors: dict[str, dict[str, str]] = {}
         for record in records:
-            worker = str(record.get("worker_id") or f"{record.get('hostname', '?')}:{record.get('pid', '?')}")
-            for queue in record.get("queues") or ():
-                consumers.setdefault(str(queue), []).append(worker)
-            running.update(str(task) for task in record.get("running") or ())
-            serving[worker] = frozenset(record.get("models") or {})
-            errors[worker] = {str(k): str(v) for k, v in (record.get("load_errors") or {}).items()}
+            worker = record.worker_id
+            for queue in record.queues:
+                consumers.setdefault(queue, []).append(worker)
+            running.update(record.running)
+            serving[worker] = frozenset(record.models)
+            errors[worker] = dict(record.load_errors)
         return cls(
             consumers={queue: tuple(workers) for queue, workers in consumers.items()},
             running=frozenset(running),
@@ -91,12 +91,10 @@ class WorkerView:
         return f"no live worker of the {op} queue can load its {roles} model: " + " | ".join(shown) + more
 
 
-def queues_without_consumer(
-    queue_depths: Mapping[str, int], workers: Iterable[Mapping[str, Any]]
-) -> list[str]:
+def queues_without_consumer(queue_depths: Mapping[str, int], workers: Iterable[WorkerRecord]) -> list[str]:
     """The queues holding jobs that no live worker consumes (what `voxmill status` marks), in
-    voxmill's queue order; `workers` are heartbeat records (`workers.observe.status.worker_records`)."""
-    served = {str(queue) for record in workers for queue in record.get("queues") or ()}
+    voxmill's queue order."""
+    served = {queue for record in workers for queue in record.queues}
     order = {queue: index for index, queue in enumerate(QUEUES)}
     waiting = [q for q, depth in queue_depths.items() if depth > 0 and q not in served]
     return sorted(waiting, key=lambda q: (order.get(q, len(order)), q))

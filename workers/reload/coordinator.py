@@ -18,7 +18,6 @@ touches its Redis keys (`workers.keys`: WORKER, RELOAD_SLOT, ASIDE).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -27,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import redis
 from redis.client import PubSub
@@ -37,6 +35,7 @@ from pipeline.identity import FileIdentity
 from pipeline.registry import Registry
 from pipeline.settings import Settings
 from workers import keys, tuning
+from workers.heartbeat import WorkerRecord, delete_worker_record, read_worker_records, write_worker_record
 from workers.observe.metrics import NoMetrics
 from workers.reload import generations
 from workers.reload.holder import ModelHolder
@@ -113,7 +112,7 @@ class ReloadCoordinator:
             self._release_slot(role)
         if self.redis is not None:
             with contextlib.suppress(redis.RedisError):
-                self.redis.delete(keys.WORKER.format(worker_id=self.worker_id))
+                delete_worker_record(self.redis, self.worker_id)
 
     def load_models(self) -> None:
         """Load and warm up this machine's file of every role, published or not."""
@@ -152,29 +151,28 @@ class ReloadCoordinator:
         )
 
     # -- heartbeat ----------------------------------------------------------------------------
-    def record(self) -> dict[str, Any]:
+    def record(self) -> WorkerRecord:
         """This process as `voxmill status` shows it."""
-        return {
-            "worker_id": self.worker_id,
-            "hostname": self.host,
-            "pid": os.getpid(),
-            "ppid": os.getppid(),
-            "queues": list(self.queues),
-            "pool": self.pool,
+        return WorkerRecord(
+            worker_id=self.worker_id,
+            hostname=self.host,
+            pid=os.getpid(),
+            ppid=os.getppid(),
+            queues=tuple(self.queues),
+            pool=self.pool,
             **self.holder.describe(),
-            "running": self.running(),
-            "reload_failures": {role: f.to_dict() for role, f in self.failures.items()},
-            "started_at": self.started_at,
-            "last_seen": time.time(),
-        }
+            running=tuple(self.running()),
+            reload_failures={role: f.to_dict() for role, f in self.failures.items()},
+            started_at=self.started_at,
+            last_seen=time.time(),
+        )
 
     def heartbeat(self) -> None:
         """Write the record now (a Redis outage is ridden out: the next beat writes it)."""
         if self.redis is None:
             return
         try:
-            key = keys.WORKER.format(worker_id=self.worker_id)
-            self.redis.set(key, json.dumps(self.record()), ex=self.settings.heartbeat_ttl_s)
+            write_worker_record(self.redis, self.record(), self.settings.heartbeat_ttl_s)
             self.metrics.sample_process()
         except redis.RedisError as exc:
             log.debug("worker %s: heartbeat failed: %s", self.worker_id, exc)
@@ -359,11 +357,9 @@ class ReloadCoordinator:
         if self.redis is None or time.monotonic() - counted_at <= tuning.PEERS_TTL_S:
             return counts
         counts = {role: 0 for role in self.holder.roles}
-        for key in self.redis.scan_iter(match=keys.WORKER.format(worker_id=f"{self.host}:*"), count=500):
-            raw = self.redis.get(key)
-            served = json.loads(raw).get("models", {}) if raw else {}
+        for record in read_worker_records(self.redis, host=self.host):
             for role in counts:
-                counts[role] += role in served
+                counts[role] += role in record.models
         self._peers = (time.monotonic(), counts)
         return counts
 
