@@ -35,8 +35,9 @@ def timeline_main(
     from pipeline.demo import speechlike
     from pipeline.features import whisper_log_mel
     from pipeline.inference import embedder_inputs, tokenizer_inputs, warm_up
-    from pipeline.registry import Registry
-    from pipeline.sessions import ModelSession, SessionOptions
+    from pipeline.models.options import SessionOptions
+    from pipeline.models.registry import Registry
+    from pipeline.models.sessions import ModelSession
 
     marks["imported"] = time.time() - spawned
     registry = Registry.load()

@@ -177,8 +177,9 @@ def prime_model_cache(models: Path) -> Path:
     does. Returns `models`.
     """
     code = (
-        "import sys; from pathlib import Path; from pipeline.registry import Registry; "
-        "from pipeline.sessions import ModelSession, SessionOptions; r = Registry.load(); "
+        "import sys; from pathlib import Path; from pipeline.models.registry import Registry; "
+        "from pipeline.models.options import SessionOptions; "
+        "from pipeline.models.sessions import ModelSession; r = Registry.load(); "
         "o = SessionOptions(provider='cpu', model_cache_dir=Path(sys.argv[2])); "
         "[ModelSession.load(r.find_model(role, Path(sys.argv[1])), role, o, r) for role in r.roles]"
     )

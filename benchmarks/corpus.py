@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.demo import FLAC, MP3, OGG, WAV16, WAV24_STEREO, _Format, encode, speechlike
-from pipeline.standin import make_standins
-from pipeline.writers import atomic_write
+from pipeline.models.standin import make_standins
+from pipeline.storage.locations import atomic_write
 
 # BENCH_WORK_DIR moves everything generated elsewhere (the smoke test uses a temporary folder).
 WORK_DIR = Path(os.environ.get("BENCH_WORK_DIR") or Path(__file__).resolve().parent / "work")

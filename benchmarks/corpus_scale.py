@@ -41,7 +41,7 @@ from benchmarks.common import (
 )
 from benchmarks.corpus import WORK_DIR
 from pipeline.demo import speechlike
-from pipeline.standin import make_standins
+from pipeline.models.standin import make_standins
 
 SCALE_DIR = WORK_DIR / "scale"
 DISTINCT_CLIPS = 48

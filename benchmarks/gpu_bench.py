@@ -44,12 +44,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.engines import profile_inputs
 from pipeline.errors import VoxmillError
-from pipeline.host import detect_host
-from pipeline.providers import CPU, CUDA, TENSORRT, ProviderOptions, session_fallback_warning
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
+from pipeline.models.engines import profile_inputs
+from pipeline.models.host import detect_host
+from pipeline.models.options import SessionOptions
+from pipeline.models.providers import CPU, CUDA, TENSORRT, ProviderOptions, session_fallback_warning
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CONFIGS = ("cpu", "cpu-all", "cuda", "tensorrt-fp32", "tensorrt-fp16")

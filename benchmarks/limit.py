@@ -52,10 +52,10 @@ def model_inputs(op: str, wave: Any) -> list[list[Any]]:
 def _worker(
     model_dir: str, op: str, paths: list[str], threads: int, barrier: Any, results: Any
 ) -> None:  # pragma: no cover - runs in a child process
-    from pipeline.audio import load_audio
+    from pipeline.audio.decode import load_audio
     from pipeline.inference import open_session
-    from pipeline.registry import Registry
-    from pipeline.sessions import SessionOptions
+    from pipeline.models.options import SessionOptions
+    from pipeline.models.registry import Registry
     from pipeline.settings import AudioLimits
 
     registry = Registry.load()

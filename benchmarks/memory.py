@@ -1,11 +1,11 @@
 """Memory and load time of one model in a fresh process, the way voxmill loads it and the ways
-`pipeline/sessions.py` could load it instead.
+`pipeline/models/sessions.py` could load it instead.
 
     python -m benchmarks.memory --models DIR --role tokenizer --mode voxmill [--clip-s 25]
 
 Modes (all CPU, ORT_ENABLE_ALL, one intra-op thread, no spinning, as `sessions._build_session`):
 - `voxmill`: `ModelSession.load` as every worker does it, with the optimized-model cache
-  (`pipeline/model_cache.py`) in `benchmarks/work/ort-cache` and its entry for the model already
+  (`pipeline/models/cache.py`) in `benchmarks/work/ort-cache` and its entry for the model already
   there (built first when missing, `cache_build_s`, not counted in `load_s`): the model file is
   hashed as a stream and the session built from the saved optimised graph;
 - `voxmill-first`: the same on a machine that has not seen the model yet: the entry is deleted
@@ -62,9 +62,11 @@ def load(mode: str, path: Path, role: str) -> tuple[Any, dict[str, Any]]:
     """(callable running inputs by position, facts) for `mode`."""
     import onnxruntime as ort
 
-    from pipeline.model_cache import cache_key
-    from pipeline.registry import Registry
-    from pipeline.sessions import ModelSession, SessionOptions, hash_model_file
+    from pipeline.models.cache import cache_key
+    from pipeline.models.files import hash_model_file
+    from pipeline.models.options import SessionOptions
+    from pipeline.models.registry import Registry
+    from pipeline.models.sessions import ModelSession
 
     facts: dict[str, Any] = {}
     if mode == "no-prepack":
@@ -107,7 +109,7 @@ def main() -> None:
     from pipeline.demo import speechlike
     from pipeline.features import whisper_log_mel
     from pipeline.inference import embedder_inputs, tokenizer_inputs, warmup_wave
-    from pipeline.registry import Registry
+    from pipeline.models.registry import Registry
 
     def inputs_of(wave: Any) -> list[Any]:
         return tokenizer_inputs(whisper_log_mel(wave)) if args.role == "tokenizer" else embedder_inputs(wave)

@@ -82,7 +82,7 @@ def log_mel_errors(waves: dict[str, FloatArray]) -> dict[str, Any]:
 def resample_error(cutoff_hz: float = 6000.0) -> dict[str, float]:
     """soxr (voxmill's `load_audio`) vs torchaudio's sinc resampler on the 44.1 kHz stereo fixture:
     over the whole band, and below `cutoff_hz` (torchaudio's default filter rolls off early)."""
-    from pipeline.audio import load_audio
+    from pipeline.audio.decode import load_audio
     from pipeline.settings import AudioLimits
 
     ours = load_audio(FIXTURES / "stereo44k_2s.wav", AudioLimits()).samples.astype(np.float64)
@@ -104,8 +104,9 @@ def resample_error(cutoff_hz: float = 6000.0) -> dict[str, float]:
 def embedding_cosines(models: Path, waves: dict[str, FloatArray]) -> dict[str, float]:
     """Cosine similarity of CAM++ embeddings: current fbank vs kaldi-native-fbank, per fixture."""
     from pipeline.features import kaldi_fbank, mean_normalized
-    from pipeline.registry import Registry
-    from pipeline.sessions import ModelSession, SessionOptions
+    from pipeline.models.options import SessionOptions
+    from pipeline.models.registry import Registry
+    from pipeline.models.sessions import ModelSession
 
     registry = Registry.load()
     session = ModelSession.load(
@@ -140,7 +141,7 @@ def ms_per_audio_s(
 
 def mixdown_ms_per_audio_s(seconds: float = 10.0, runs: int = 15) -> dict[str, Any]:
     """Stereo 44.1 kHz to mono: numpy's mean over the channel axis (before) vs `to_mono` (after)."""
-    from pipeline.audio import to_mono
+    from pipeline.audio.decode import to_mono
 
     stereo = np.random.default_rng(5).normal(0.0, 0.1, (int(seconds * 44100), 2)).astype(np.float32)
     out: dict[str, Any] = {}
@@ -177,11 +178,12 @@ def log_mel_change(models: Path, paths: list[str], calls: int = 30) -> dict[str,
     """The sparse mel product against the dense BLAS one: differences in log-mel and in tokens on
     corpus clips, and the process CPU milliseconds per call, each in a fresh process (BLAS
     threads' spinning included; a 10 ms pause after each call, as a model run would leave)."""
-    from pipeline.audio import load_audio
+    from pipeline.audio.decode import load_audio
     from pipeline.features import whisper_log_mel
     from pipeline.inference import tokenizer_inputs
-    from pipeline.registry import Registry
-    from pipeline.sessions import ModelSession, SessionOptions
+    from pipeline.models.options import SessionOptions
+    from pipeline.models.registry import Registry
+    from pipeline.models.sessions import ModelSession
     from pipeline.settings import AudioLimits
 
     registry = Registry.load()

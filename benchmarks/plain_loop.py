@@ -28,7 +28,7 @@ def main() -> None:
     ops = args.ops.split(",")
 
     from pipeline import Extractor
-    from pipeline.audio import load_audio
+    from pipeline.audio.decode import load_audio
     from pipeline.inference import Timings, embed, tokenize
     from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER
 

@@ -39,14 +39,14 @@ from typing import Any
 
 import redis
 
-from pipeline.settings import PROJECT_ROOT, Settings
-from pipeline.standin import (
+from pipeline.models.standin import (
     EMBEDDER_FILE,
     TOKENIZER_FILE,
     make_embedder_model,
     make_standins,
     make_tokenizer_model,
 )
+from pipeline.settings import PROJECT_ROOT, Settings
 from workers.embedded import EmbeddedRedis, LocalWorkers
 from workers.observe.status import collect_status
 from workers.queue.client import Client, Job

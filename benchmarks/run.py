@@ -15,7 +15,7 @@ Sections (each writes `benchmarks/results/<section>.json`, machine and versions 
 - `coldstart` (item 5): per model, spawn -> loaded -> warmed and the first inference after warm-up
   of a 10 s clip; a real worker's time to its first task with both full models.
 - `memory` (item 7): a fresh process holding the full tokenizer running a 25 s clip, and the ways
-  `sessions.py` could load it (`benchmarks/memory.py`), interleaved.
+  `pipeline/models/sessions.py` could load it (`benchmarks/memory.py`), interleaved.
 - `queue` (issue 3): per-task queue overhead and tasks/s (`benchmarks/queue_overhead.py`).
 - `throughput` (issue 4): 200 clips of 1-20 s, both ops, 2 workers vs `Extractor` in a loop.
 - `core` (issue 2): parity errors, load times of the tiny and full stand-ins, first inference.

@@ -5,7 +5,7 @@
 Prints one JSON line: seconds from the start of this process to the first shard submitted and to
 the end of planning, the driver's peak RSS before the merge, the merge's seconds and peak RSS
 (the peak is reset before it: /proc/self/clear_refs), the whole run's seconds, and the report.
-The run itself is `workers.corpus.run.extract_corpus`, unchanged: the wrappers only take times.
+The run itself is `workers.extract.extract_corpus`, unchanged: the wrappers only take times.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import workers.corpus.driver as driver
-    import workers.corpus.run as run
+    import workers.extract as run
     from pipeline.settings import Settings
 
     marks: dict[str, Any] = {}
@@ -51,7 +51,7 @@ def main() -> None:
         marks.setdefault("first_shard_submitted_s", round(time.time() - STARTED, 3))
         submit(self, spec, *args, **kwargs)
 
-    from pipeline import merge as merge_module
+    from pipeline.outputs import merge as merge_module
 
     original_merge = merge_module.merge_outputs
 

@@ -51,8 +51,8 @@ import redis
 import soundfile as sf
 
 from pipeline.demo import speechlike
+from pipeline.models.standin import make_standins
 from pipeline.settings import Settings
-from pipeline.standin import make_standins
 from workers.embedded import EmbeddedRedis, LocalWorkers
 from workers.heartbeat import read_worker_records
 from workers.keys import QUEUES

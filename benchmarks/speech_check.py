@@ -39,13 +39,13 @@ import soundfile as sf
 from benchmarks import corpus as benchmark_corpus
 from benchmarks.common import load_average, machine_info, prime_model_cache, summary
 from benchmarks.extract_run import RUNS_DIR, run_extract, write_manifest
+from pipeline.audio.vad import SpeechCheck, shared_detector
 from pipeline.demo import speechlike
 from pipeline.inference import embed, open_session, run_clip, tokenize
-from pipeline.registry import Registry
-from pipeline.sessions import SessionOptions
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.standin import make_standins
 from pipeline.settings import AudioLimits
-from pipeline.standin import make_standins
-from pipeline.vad import SpeechCheck, shared_detector
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATE = 16000

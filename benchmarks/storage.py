@@ -1,7 +1,7 @@
 """Where the corpus lives, side by side: local files, tar shards on local disk, and S3.
 
 `python -m benchmarks.storage [--clips N] [--repeats R]`: one corpus of speech-like 16 kHz WAVs,
-read by `workers.corpus.run.extract_corpus` (op `extract`, shards of `PER_SHARD` clips, tars of
+read by `workers.extract.extract_corpus` (op `extract`, shards of `PER_SHARD` clips, tars of
 the same clips) with the tiny stand-in models and 2 local worker processes started once, in
 rounds that interleave the variants:
 
@@ -100,7 +100,7 @@ def _manifest(path: Path, entries: list[dict[str, Any]], where: str) -> Path:
 
 def _fetch_costs(entries: list[dict[str, Any]], limit: int = 60) -> dict[str, float]:
     """Per clip: reading the file vs HEAD + GET of its object, in this process, milliseconds."""
-    from pipeline import storage
+    from pipeline.storage import objects
 
     sample = entries[:limit]
     started = time.perf_counter()
@@ -110,14 +110,14 @@ def _fetch_costs(entries: list[dict[str, Any]], limit: int = 60) -> dict[str, fl
     started = time.perf_counter()
     for entry in sample:
         url = f"s3://{BUCKET}/audio/{entry['utt']}.wav"
-        storage.url_size(url)
+        objects.url_size(url)
         head_done = time.perf_counter()
-        storage.read_url(url)
+        objects.read_url(url)
     total_ms = (time.perf_counter() - started) * 1000 / len(sample)
     head_ms = 0.0
     for entry in sample[:20]:
         t0 = time.perf_counter()
-        storage.url_size(f"s3://{BUCKET}/audio/{entry['utt']}.wav")
+        objects.url_size(f"s3://{BUCKET}/audio/{entry['utt']}.wav")
         head_ms += (time.perf_counter() - t0) * 1000
     del head_done
     return {
@@ -143,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from moto.server import ThreadedMotoServer
 
-    from pipeline import storage
+    from pipeline.models.standin import make_standins
     from pipeline.settings import Settings
-    from pipeline.standin import make_standins
-    from workers.corpus.run import extract_corpus
+    from pipeline.storage import objects
     from workers.embedded import EmbeddedRedis, LocalWorkers, free_port
+    from workers.extract import extract_corpus
 
     counter = _RequestCounter()
     werkzeug = logging.getLogger("werkzeug")
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"making {args.clips} clips in {work}", file=sys.stderr)
         entries = _make_corpus(work / "audio", args.clips)
         _tars(entries, work / "tars")
-        fs = storage.filesystem("s3")
+        fs = objects.filesystem("s3")
         fs.mkdir(BUCKET)
         for entry in entries:
             fs.put_file(str(entry["file"]), f"{BUCKET}/audio/{entry['utt']}.wav")

@@ -25,7 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import soundfile as sf
 
-from pipeline.writers import atomic_write, write_text
+from pipeline.outputs.writers import write_text
+from pipeline.storage.locations import atomic_write
 
 FloatArray = npt.NDArray[np.float32]
 

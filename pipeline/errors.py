@@ -19,11 +19,11 @@ MODEL_ERROR = "model_error"
 BAD_REQUEST = "bad_request"
 OUTPUT_ERROR = "output_error"
 INTERNAL = "internal"
-# Wave 2: detected speech shorter than `min_speech_ms` (pipeline/vad.py).
+# Wave 2: detected speech shorter than `min_speech_ms` (pipeline/audio/vad.py).
 NO_SPEECH = "no_speech"
-# Wave 2: an object store refused the request or could not be reached (pipeline/storage.py).
+# Wave 2: an object store refused the request or could not be reached (pipeline/storage/objects.py).
 STORE_ERROR = "store_error"
-# Wave 2: an utterance left out of a corpus's features by a quality filter (pipeline/quality.py).
+# Wave 2: an utterance left out of a corpus's features by a quality filter (pipeline/audio/quality.py).
 FILTERED = "filtered"
 # Wave 3: samples beyond `max_amplitude` after the decoder's own scaling: numbers, not audio.
 OUT_OF_RANGE = "out_of_range"
@@ -79,3 +79,11 @@ class VoxmillError(Exception):
     def from_dict(cls, data: dict[str, str]) -> VoxmillError:
         """Inverse of `to_dict`."""
         return cls(data["code"], data["message"])
+
+
+class ModelUnavailable(VoxmillError):
+    """A model this work needs has no loaded session in this process (yet): the work may be tried
+    again once it loads (a worker retries it, then answers `model_error`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(MODEL_ERROR, message)

@@ -16,12 +16,13 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline import errors
-from pipeline.audio import load_audio
+from pipeline.audio.decode import load_audio
 from pipeline.errors import VoxmillError
 from pipeline.inference import embed, open_session, tokenize
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.settings import AudioLimits
 
 AudioInput = str | Path | bytes | npt.NDArray[np.floating]

@@ -23,7 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline import errors
-from pipeline.audio import Audio, Segment, Source, load_audio
+from pipeline.audio.decode import Audio, Segment, load_audio
+from pipeline.audio.quality import clip_stats
+from pipeline.audio.sources import Source
+from pipeline.audio.vad import SpeechCheck, require_speech, shared_detector
 from pipeline.errors import VoxmillError
 from pipeline.features import (
     HOP,
@@ -34,12 +37,11 @@ from pipeline.features import (
     mean_normalized,
     whisper_log_mel,
 )
-from pipeline.quality import clip_stats
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES_BY_OP, TaskResult
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.settings import AudioLimits
-from pipeline.vad import SpeechCheck, require_speech, shared_detector
 
 log = logging.getLogger("voxmill.inference")
 

@@ -202,7 +202,7 @@ class TaskResult:
     models: dict[str, dict[str, str]] = field(default_factory=dict)
     error: dict[str, str] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
-    # Wave 2: the clip's quality statistics (pipeline/quality.py `STAT_FIELDS`), also for a clip
+    # Wave 2: the clip's quality statistics (pipeline/audio/quality.py `STAT_FIELDS`), also for a clip
     # refused after decoding (`no_speech`); None when it was never decoded.
     stats: dict[str, Any] | None = None
 

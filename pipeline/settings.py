@@ -20,6 +20,8 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from pipeline.redaction import redact_url
+
 ENV_PREFIX = "VOXMILL_"
 CONFIG_ENV = "VOXMILL_CONFIG"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -274,7 +276,7 @@ class Settings(BaseSettings):
     @classmethod
     def _url_roots_apart(cls, data: Any) -> Any:
         """URL prefixes among the allowed roots go to `allowed_url_roots` (a Path cannot hold one)."""
-        from pipeline.storage import is_url, split_roots
+        from pipeline.storage.urls import is_url, split_roots
 
         if not isinstance(data, dict) or "allowed_roots" not in data:
             return data
@@ -292,7 +294,7 @@ class Settings(BaseSettings):
     @classmethod
     def _split_roots(cls, value: Any) -> Any:
         if isinstance(value, str):
-            from pipeline.storage import split_roots
+            from pipeline.storage.urls import split_roots
 
             return tuple(split_roots(value))
         return value
@@ -375,16 +377,6 @@ class Settings(BaseSettings):
     def redacted_broker_url(self) -> str | None:
         """The broker URL with any password replaced by `***`, for logs and status."""
         return redact_url(self.broker_url)
-
-
-def redact_url(url: str | None) -> str | None:
-    """Hide the password of a `scheme://user:password@host/...` URL."""
-    if not url or "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
-    user = creds.split(":", 1)[0] if ":" in creds else ""
-    return f"{scheme}://{user}:***@{host}"
 
 
 # The comment above each group of keys in config/voxmill.yaml, by the group's first key.

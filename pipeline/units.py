@@ -31,3 +31,12 @@ def format_duration(seconds: float) -> str:
         return f"{minutes} min" if secs == 0 else f"{minutes} min {secs} s"
     hours, rest = divmod(whole, 3600)
     return f"{hours} h {rest // 60} min"
+
+
+def audio_amount(seconds: float) -> str:
+    """Seconds of audio as people say them: 42 s, 12.5 min, 3.25 h."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from pipeline.models.standin import make_embedder_model, make_standins, make_tokenizer_model, write_model
 from pipeline.settings import Settings
-from pipeline.standin import make_embedder_model, make_standins, make_tokenizer_model, write_model
 from workers.embedded import EmbeddedRedis, LocalWorkers
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -17,6 +19,30 @@ def worker_dicts(client: object) -> list[dict]:
     from workers.heartbeat import read_worker_records
 
     return [record.to_dict() for record in read_worker_records(client)]  # type: ignore[arg-type]
+
+
+def celery_headers(task: object = "voxmill.embed", task_id: object = None, **more: object) -> dict[str, Any]:
+    """The headers Celery's `send_task` writes (protocol 2), with a fresh id unless given."""
+    fields: dict[str, Any] = {
+        "lang": "py",
+        "task": task,
+        "id": task_id if task_id is not None else str(uuid.uuid4()),
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": None,
+        "parent_id": None,
+        "argsrepr": "",
+        "kwargsrepr": "",
+        "origin": "foreign@test",
+        "ignore_result": False,
+    }
+    fields.update(more)
+    return fields
 
 
 OUTPUT_FILES = ("speech_tokens.parquet", "utt_embeddings.parquet", "spk_embeddings.parquet")

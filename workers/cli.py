@@ -60,8 +60,8 @@ def require_models(settings: Settings, queues: Sequence[str], folder_only: bool 
     """Exit 2 with the fix when the model folder is missing (or, unless `folder_only`, lacks a model
     the queues need), before anything starts."""
     from pipeline.errors import VoxmillError
+    from pipeline.models.registry import Registry
     from pipeline.records import ROLES_BY_OP
-    from pipeline.registry import Registry
 
     hint = "; pass --models DIR (after `make demo`: --models demo/models) or set VOXMILL_MODEL_DIR"
     if not Path(settings.model_dir).is_dir():
@@ -159,8 +159,8 @@ def up(
     It prints the `export VOXMILL_BROKER_URL=...` line to run in another shell; Ctrl-C stops
     everything.
     """
+    from pipeline.redaction import redact
     from workers.embedded import LocalCluster, ProcessExited
-    from workers.observe.logs import redact
 
     settings = load_settings(models)
     require_models(settings, split_list(queues))
@@ -356,11 +356,11 @@ def extract(
     when the run completed (per-utterance failures are in errors.jsonl), 2 when it could not run.
     The filters apply when the shards are merged: changing them re-merges and extracts nothing.
     """
-    from pipeline.corpus import as_source
-    from pipeline.quality import QualityFilter
-    from pipeline.storage import is_url, mend_url
+    from pipeline.audio.quality import QualityFilter
+    from pipeline.corpus.reading import as_source
+    from pipeline.storage.urls import is_url, mend_url
     from workers.corpus.plan import RunError
-    from workers.corpus.run import current_model_sha256, drop_mixed_shards, extract_corpus
+    from workers.extract import current_model_sha256, drop_mixed_shards, extract_corpus
 
     op_list = split_list(ops)
     if not op_list or [op for op in op_list if op not in ("tokenize", "embed")]:
@@ -462,7 +462,7 @@ def export_cosyvoice_command(
     ids differ), 2 when an input is missing or unreadable.
     """
     from pipeline.errors import VoxmillError
-    from pipeline.export import NothingToExport, export_cosyvoice
+    from pipeline.outputs.export import NothingToExport, export_cosyvoice
 
     try:
         written = export_cosyvoice(data_dir, features_dir, out_dir, utts_per_parquet)
@@ -484,9 +484,9 @@ def demo(
 ) -> None:
     """Generate a small demo corpus and tiny stand-in models, then run `extract` on it (embedded Redis)."""
     from pipeline.demo import make_demo_corpus
-    from pipeline.standin import make_standins
+    from pipeline.models.standin import make_standins
     from workers.corpus.plan import RunError
-    from workers.corpus.run import extract_corpus
+    from workers.extract import extract_corpus
 
     settings = load_settings()
     data_dir = make_demo_corpus(folder / "corpus")
@@ -510,7 +510,7 @@ def demo(
 
 def print_outputs(out_dir: Path | str, report: dict[str, Any]) -> None:
     """The summary of a run and its output files, one per line."""
-    from pipeline.storage import is_url
+    from pipeline.storage.urls import is_url
     from workers.corpus.progress import summary_line, summary_table
 
     out.print(summary_table(report, str(out_dir)))
@@ -583,7 +583,7 @@ def models_make_standin(
     seed: int = typer.Option(0, "--seed", help="Weights seed; the same seed writes byte-identical files."),
 ) -> None:
     """Write stand-in speech_tokenizer_v2.onnx and campplus.onnx (real signatures, meaningless weights)."""
-    from pipeline.standin import PROFILES, make_standins
+    from pipeline.models.standin import PROFILES, make_standins
 
     if profile not in PROFILES:
         fail(f"profile must be one of {', '.join(PROFILES)}")
@@ -638,9 +638,9 @@ def models_build_engine(
     ),
 ) -> None:
     """Build TensorRT engines ahead of time, into the cache the workers on this kind of GPU read."""
-    from pipeline.engines import build_engines, tensorrt_unavailable
     from pipeline.errors import VoxmillError
-    from pipeline.sessions import SessionOptions
+    from pipeline.models.engines import build_engines, tensorrt_unavailable
+    from pipeline.models.options import SessionOptions
     from workers.models import render_builds
 
     settings = model_folder(folder, models)

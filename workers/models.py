@@ -8,11 +8,12 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from pipeline.engines import EngineBuild, installed_engine_status
 from pipeline.errors import VoxmillError
 from pipeline.inference import open_session
-from pipeline.registry import Registry
-from pipeline.sessions import SessionOptions, hash_model_file
+from pipeline.models.engines import EngineBuild, installed_engine_status
+from pipeline.models.files import hash_model_file
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
 from pipeline.settings import Settings
 
 

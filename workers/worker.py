@@ -32,23 +32,25 @@ from typing import Any
 
 from celery import Celery, signals
 
+from pipeline.audio.vad import SpeechCheck, shared_detector
+from pipeline.errors import ModelUnavailable
 from pipeline.inference import SERVING_IMPORTS
-from pipeline.paths import Roots
-from pipeline.providers import CPU, choose_providers
+from pipeline.models.options import SessionOptions
+from pipeline.models.providers import CPU, choose_providers
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
 from pipeline.records import ROLES_BY_OP
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
 from pipeline.settings import Settings
-from pipeline.vad import SpeechCheck, shared_detector
+from pipeline.storage.paths import Roots
+from workers import metrics
 from workers.keys import QUEUES
-from workers.observe import metrics
+from workers.metrics import Metrics, NoMetrics
 from workers.observe.logs import setup_logging
-from workers.observe.metrics import Metrics, NoMetrics
 from workers.queue.app import create_app
 from workers.queue.consumer import VoxmillConsumer
 from workers.queue.tasks import register_tasks
 from workers.reload.coordinator import ReloadCoordinator
-from workers.reload.holder import ModelHolder, ModelUnavailable
+from workers.reload.holder import ModelHolder
 
 FORK_SAFE_POOLS = ("solo", "threads")
 

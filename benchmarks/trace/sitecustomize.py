@@ -24,7 +24,7 @@ import time
 
 def _install(trace_dir: str) -> None:
     import pipeline.inference as inference
-    import pipeline.writers as writers
+    import pipeline.outputs.writers as writers
 
     each = os.environ.get("BENCH_TRACE_EACH") == "1"
     pending: list[dict[str, object]] = []

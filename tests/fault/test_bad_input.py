@@ -33,7 +33,7 @@ import redis
 import soundfile as sf
 from kombu import Connection, Exchange, Producer
 
-from pipeline.audio import load_audio
+from pipeline.audio.decode import load_audio
 from pipeline.demo import speechlike
 from pipeline.errors import VoxmillError
 from pipeline.records import TaskResult
@@ -1065,9 +1065,9 @@ class SpeechSeen:
 @pytest.fixture(scope="module")
 def speech_run(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> dict[str, SpeechSeen]:
     from pipeline import Extractor
+    from pipeline.audio.vad import SpeechCheck
     from pipeline.inference import run_clip
     from pipeline.settings import Settings
-    from pipeline.vad import SpeechCheck
 
     folder = tmp_path_factory.mktemp("speech-cases")
     sessions = Extractor.from_model_dir(tiny_models).sessions

@@ -149,7 +149,7 @@ def test_a_worker_cut_off_from_redis_for_60_s_resumes_and_answers_once(
     run: dict[str, Any] = {}
 
     def extract() -> None:
-        from workers.corpus.run import extract_corpus
+        from workers.extract import extract_corpus
 
         try:
             run["report"] = extract_corpus(direct, fault_corpus, out, ["embed"], 2, SHARD_SIZE, True)

@@ -17,7 +17,6 @@ import json
 import random
 import time
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.errors import CODES
 from pipeline.settings import Settings
 from tests.conftest import FIXTURES, flush_keeping_claim, make_settings, wait_for
-from tests.helpers import worker_dicts
+from tests.helpers import celery_headers, worker_dicts
 from workers import keys
 from workers.embedded import LocalWorkers, free_port
 from workers.queue import admission
@@ -130,30 +129,6 @@ def worker(tmp_path_factory: pytest.TempPathFactory, redis_url: str, tiny_models
         workers.stop()
         flush_keeping_claim(client)
         client.close()
-
-
-def celery_headers(task: object = "voxmill.embed", task_id: object = None, **more: object) -> dict[str, Any]:
-    """The headers Celery's `send_task` writes (protocol 2), with a fresh id unless given."""
-    fields: dict[str, Any] = {
-        "lang": "py",
-        "task": task,
-        "id": task_id if task_id is not None else str(uuid.uuid4()),
-        "shadow": None,
-        "eta": None,
-        "expires": None,
-        "group": None,
-        "group_index": None,
-        "retries": 0,
-        "timelimit": [None, None],
-        "root_id": None,
-        "parent_id": None,
-        "argsrepr": "",
-        "kwargsrepr": "",
-        "origin": "poison@test",
-        "ignore_result": False,
-    }
-    fields.update(more)
-    return fields
 
 
 def publish(settings: Settings, messages: list[tuple[bytes, str | None, dict[str, Any]]]) -> None:

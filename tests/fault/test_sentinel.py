@@ -128,7 +128,7 @@ def test_primary_killed_mid_run_the_replica_takes_over(
     run: dict[str, Any] = {}
 
     def extract() -> None:
-        from workers.corpus.run import extract_corpus
+        from workers.extract import extract_corpus
 
         try:
             run["report"] = extract_corpus(

@@ -16,10 +16,10 @@ import pytest
 import redis
 from rich.console import Console
 
-from pipeline.registry import Registry
-from pipeline.sessions import SessionOptions
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.standin import EMBEDDER_FILE, make_embedder_model, write_model
 from pipeline.settings import Settings
-from pipeline.standin import EMBEDDER_FILE, make_embedder_model, write_model
 from tests.conftest import make_settings
 from workers import keys
 from workers.observe.status import collect_status
@@ -58,7 +58,7 @@ def embed_process(settings: Settings, number: int) -> ReloadCoordinator:
 
 
 def aside(process: ReloadCoordinator) -> bool:
-    return bool(process.record()["aside"])
+    return process.record().aside
 
 
 def serving_sha256(process: ReloadCoordinator) -> str:

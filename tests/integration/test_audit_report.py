@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.audit import AuditThresholds, audit_run, paths_by_utt, read_stored_rows
-from pipeline.quality import STAT_FIELDS
+from pipeline.audio.quality import STAT_FIELDS
+from pipeline.outputs.audit import AuditThresholds, audit_run, paths_by_utt, read_stored_rows
 from tests.browser import boxes, color_mask, dump_dom, needs_chromium, screenshot
 from tests.conftest import voxmill
 from tests.helpers import make_audio_folder

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from pipeline.writers import SHARDS_DIR
+from pipeline.outputs.writers import SHARDS_DIR
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
 from tests.helpers import make_audio_folder, read_outputs, worker_dicts
 
@@ -84,7 +84,7 @@ def shard_files(out: Path) -> list[Path]:
 
 def test_kaldi_dir_with_broken_files(tmp_path: Path) -> None:
     from pipeline.demo import make_demo_corpus
-    from pipeline.standin import make_standins
+    from pipeline.models.standin import make_standins
 
     data = make_demo_corpus(tmp_path / "demo")
     make_standins(tmp_path / "models")
@@ -228,7 +228,7 @@ def test_local_workers_that_exit_end_the_run_with_their_exit_code(
     import workers.embedded
     from pipeline.settings import Settings
     from workers.corpus.plan import RunError
-    from workers.corpus.run import extract_corpus
+    from workers.extract import extract_corpus
 
     corpus = make_audio_folder(tmp_path / "corpus", 4, 1.0, 2.0, seed=5)
     failing = [sys.executable, "-c", "import sys; sys.exit(3)"]
@@ -248,7 +248,7 @@ def test_local_workers_that_cannot_load_their_model_end_the_run(
     error is), and stops its workers and Redis."""
     import shutil
 
-    import workers.corpus.run
+    import workers.extract
     from pipeline.settings import Settings
     from workers.corpus.plan import RunError
 
@@ -259,7 +259,7 @@ def test_local_workers_that_cannot_load_their_model_end_the_run(
     settings = Settings(model_dir=models, broker_url=None, local_ready_timeout_s=4.0)
     out = tmp_path / "out"
     with pytest.raises(RunError, match="did not load their models within 4 s.*workers.log"):
-        workers.corpus.run.extract_corpus(settings, corpus, out, ["embed"], 1, 0, quiet=True)
+        workers.extract.extract_corpus(settings, corpus, out, ["embed"], 1, 0, quiet=True)
     assert "could not load the embedder model" in (out / "workers.log").read_text()
 
 

@@ -25,11 +25,10 @@ from urllib.parse import urlparse
 import pytest
 import redis
 
-from pipeline.settings import redact_url
+from pipeline.redaction import redact, redact_url
 from tests.conftest import VOXMILL, clean_env, voxmill, wait_for
 from tests.helpers import make_audio_folder
 from workers.embedded import EmbeddedRedis
-from workers.observe.logs import redact
 
 EXPORT_LINE = re.compile(r"^\s*export VOXMILL_BROKER_URL=(\S+)\s*$", re.MULTILINE)
 

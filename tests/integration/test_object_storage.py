@@ -30,17 +30,17 @@ from typing import Any
 
 import pytest
 
-from pipeline import storage
-from pipeline.audio import load_audio
+from pipeline.audio.decode import load_audio
 from pipeline.errors import NOT_FOUND, STORE_ERROR, TOO_LARGE, VoxmillError
-from pipeline.merge import merge_outputs
+from pipeline.outputs.merge import merge_outputs
+from pipeline.outputs.writers import read_shard, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
 from pipeline.settings import AudioLimits, Settings
-from pipeline.writers import read_shard, write_shard
+from pipeline.storage import locations, objects, urls
 from tests.conftest import make_settings
 from tests.helpers import make_audio_folder, read_outputs
-from workers.corpus.run import extract_corpus
 from workers.embedded import PROJECT_ROOT, free_port, worker_command
+from workers.extract import extract_corpus
 
 SECRET = "wJalrXUtnFEMI-test-secret-do-not-print"
 KEY_ID = "AKIAVOXMILLTEST"
@@ -72,26 +72,26 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    storage._FILESYSTEMS.clear()  # made again with these variables
+    objects._FILESYSTEMS.clear()  # made again with these variables
     yield env
-    storage._FILESYSTEMS.clear()
+    objects._FILESYSTEMS.clear()
 
 
 def _bucket(name: str) -> str:
-    fs = storage.filesystem("s3")
+    fs = objects.filesystem("s3")
     with contextlib.suppress(FileExistsError):
         fs.mkdir(name)
     return f"s3://{name}"
 
 
 def _upload(local: Path, url: str) -> None:
-    storage.filesystem("s3").put_file(str(local), storage.parse_url(url).fs_path)
+    objects.filesystem("s3").put_file(str(local), urls.parse_url(url).fs_path)
 
 
 def _download(url: str, folder: Path) -> Path:
     """Every object below `url` into `folder` (to read the outputs with the local helpers)."""
-    fs = storage.filesystem("s3")
-    prefix = storage.parse_url(url).fs_path.rstrip("/")
+    fs = objects.filesystem("s3")
+    prefix = urls.parse_url(url).fs_path.rstrip("/")
     for key in fs.find(prefix):
         target = folder / key[len(prefix) + 1 :]
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,7 @@ def test_the_storage_layer_on_a_real_s3_api(
     remote = load_audio(f"{bucket}/audio/sub/../chirp.wav", limits)
     local = load_audio(clip, limits)
     assert (remote.samples == local.samples).all() and remote.codec == local.codec
-    assert storage.url_size(f"{bucket}/audio/chirp.wav") == clip.stat().st_size
+    assert objects.url_size(f"{bucket}/audio/chirp.wav") == clip.stat().st_size
     with pytest.raises(VoxmillError) as missing:
         load_audio(f"{bucket}/audio/nope.wav", limits)
     assert missing.value.code == NOT_FOUND and "s3://layer/audio/nope.wav" in missing.value.message
@@ -133,14 +133,14 @@ def test_the_storage_layer_on_a_real_s3_api(
         assert path == f"{out}/shards/embed-{spec.shard:06d}.parquet"
         assert read_shard(path).column("utt").to_pylist() == [spec.utts[0].utt]
         write_shard(tmp_path / "local", spec, [result])
-    assert storage.output_location(out).names("shards") == {"embed-000000.parquet", "embed-000001.parquet"}
+    assert locations.output_location(out).names("shards") == {"embed-000000.parquet", "embed-000001.parquet"}
     assert merge_outputs(out, specs, {}) == merge_outputs(tmp_path / "local", specs, {})
     assert read_outputs(_download(out, tmp_path / "copy")) == read_outputs(tmp_path / "local")
 
     # An unreachable store: store_error, bounded, and no secret in what is said.
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    storage._FILESYSTEMS.clear()
+    objects._FILESYSTEMS.clear()
     started = time.monotonic()
     with pytest.raises(VoxmillError) as down:
         load_audio(f"{bucket}/audio/chirp.wav", limits)
@@ -249,14 +249,14 @@ def test_two_hosts_sharing_only_redis_and_s3_one_killed_match_a_local_run(
             """Once 3 shards are done, at host A's next task received: a shard of 1 utterance is
             done within tens of ms, so a kill at a time of its own may find A between shards."""
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and len(storage.list_url(f"{out}shards/")) < 3:
+            while time.monotonic() < deadline and len(objects.list_url(f"{out}shards/")) < 3:
                 time.sleep(0.05)
             log = tmp_path / "host-a" / "worker.log"
             seen = log.read_bytes().count(b"] received")
             while time.monotonic() < deadline:
                 if log.read_bytes().count(b"] received") > seen:
                     os.killpg(hosts[0].pid, signal.SIGKILL)
-                    killed["at"] = len(storage.list_url(f"{out}shards/"))
+                    killed["at"] = len(objects.list_url(f"{out}shards/"))
                     return
                 time.sleep(0.002)
 
@@ -287,7 +287,7 @@ def test_two_hosts_sharing_only_redis_and_s3_one_killed_match_a_local_run(
         assert tar_report["utterances"] == 24
         tar_outputs = _comparable(read_outputs(_download(tars_out, tmp_path / "copy-tars")))
         assert tar_outputs == reference
-        assert storage.output_location(tars_out).names("shards") == {
+        assert locations.output_location(tars_out).names("shards") == {
             f"extract-{n:06d}.parquet" for n in range(4)
         }  # one shard per tar, both ops in one task (every worker serves extract)
     finally:

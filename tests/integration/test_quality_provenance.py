@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from pipeline.standin import make_standins
-from pipeline.writers import PROVENANCE_METADATA_KEY, SHARDS_DIR
+from pipeline.models.standin import make_standins
+from pipeline.outputs.writers import PROVENANCE_METADATA_KEY, SHARDS_DIR
 from tests.conftest import voxmill
 from tests.speech_audio import RATE, espeak_wave, needs_espeak
 

@@ -94,7 +94,7 @@ def test_the_corpus_driver_wakes_on_shard_announcements_not_on_its_read_interval
     task announces its result and the driver listens (a driver that only read would take minutes:
     4 shards in flight, each round a minute)."""
     import workers.tuning
-    from workers.corpus.run import extract_corpus
+    from workers.extract import extract_corpus
 
     monkeypatch.setattr(workers.tuning, "SHARD_LOOK_S", 60.0)
     corpus = make_audio_folder(scratch / "announced-corpus", 6, 1.0, 2.0, seed=11)

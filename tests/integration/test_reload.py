@@ -22,9 +22,9 @@ import pytest
 import redis
 from onnx import TensorProto, helper
 
+from pipeline.models.standin import EMBEDDER_FILE, make_embedder_model, write_model
 from pipeline.records import TaskResult
 from pipeline.settings import Settings
-from pipeline.standin import EMBEDDER_FILE, make_embedder_model, write_model
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
 from workers import keys
 from workers.observe.status import collect_status

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import redis
 
-from pipeline.records import ShardSpec, Utterance
+from pipeline.records import ShardResult, ShardSpec, Utterance
 from pipeline.settings import Settings
 from tests.conftest import voxmill, wait_for
-from workers.corpus.progress import Counts
+from workers.corpus.hooks import Counts, RunRound
 from workers.observe.run_metrics import RUN_PROGRESS, RunObserver, publish_run_progress, runs_in_progress
 from workers.observe.status import collect_status
 
@@ -37,15 +37,15 @@ def test_status_shows_a_run_in_progress_until_it_finishes(
     header = SimpleNamespace(run="run-abc", source=Path("/corpora/librispeech"))
     planner = SimpleNamespace(header=header, ops=["tokenize", "embed"], planned=4, done=True)
     counts = Counts(n_ops=2, units_total=8, audio_total_s=240.0)
-    observer = RunObserver(tmp_path / "out")
-    observer.start()
+    observer = RunObserver(tmp_path / "out", redis_client)
+    observer.run_started()
     for op in planner.ops:  # shard 0 an earlier run did, shard 1 this one: 60 s of audio each op
         observer.shard_resumed(spec(0, op))
-        observer.shard_done(spec(1, op), ok=1, failed=0, audio_s=60.0, shard_file=tmp_path / "unused")
+        observer.shard_done(spec(1, op), ShardResult(1, op, "", 1, 0, 60.0, 0.0), tmp_path / "unused")
     counts.units_done, counts.units_resumed, counts.audio_done_s = 4, 2, 120.0
     counts.started = time.monotonic() - 6.0  # 2 units in 6 s: 4 more take 12 s
-    observer.resubmitted()
-    observer.round(redis_client, counts, in_flight=3, plan=planner)
+    observer.shard_resubmitted(spec(1, "embed"))
+    observer.round_ended(RunRound(counts, 3, planner))
     [run] = collect_status(redis_client)["runs"]
     assert run["run"] == "run-abc" and run["input"] == "/corpora/librispeech"
     assert run["utterances_done"] == 2 and run["utterances_total"] == 4 and run["audio_done_s"] == 60.0
@@ -69,18 +69,18 @@ def test_status_shows_a_run_in_progress_until_it_finishes(
     assert "2/4 utterances; audio 1.0 min of 4.0 min (this run); ETA 12 s" in text
     assert "shards 4/8 done (2 before), 3 in flight, 1 resubmitted" in text
 
-    observer.finished(redis_client)
+    observer.run_ended()
     assert collect_status(redis_client)["runs"] == []
     assert "corpus runs" not in voxmill("status", env=env).stdout
 
 
 def test_a_run_still_listing_has_no_totals_yet(redis_client: redis.Redis, tmp_path: Path) -> None:
-    observer = RunObserver(tmp_path / "out")
+    observer = RunObserver(tmp_path / "out", redis_client)
     listing = SimpleNamespace(header=None, ops=["embed"], planned=0, done=False)
-    observer.round(redis_client, Counts(n_ops=1), in_flight=0, plan=listing)
+    observer.round_ended(RunRound(Counts(n_ops=1), 0, listing))
     assert runs_in_progress(redis_client) == []  # no header yet: the run has no name to publish under
     listing.header, listing.planned = SimpleNamespace(run="run-new", source="/c"), 2
-    observer.round(redis_client, Counts(n_ops=1), in_flight=2, plan=listing)
+    observer.round_ended(RunRound(Counts(n_ops=1), 2, listing))
     [run] = runs_in_progress(redis_client)
     assert run["utterances_total"] is None and run["eta_s"] is None
     assert run["shards"]["planned"] == 2 and run["shards"]["plan_complete"] is False

@@ -31,13 +31,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from pipeline import storage
-from pipeline.audio import load_audio
+from pipeline.audio.decode import load_audio
 from pipeline.errors import VoxmillError
-from pipeline.paths import resolve_allowed
+from pipeline.models.files import sha256_bytes
 from pipeline.records import TaskResult
-from pipeline.sessions import sha256_bytes
 from pipeline.settings import AudioLimits
+from pipeline.storage import objects
+from pipeline.storage.paths import resolve_allowed
 from tests.conftest import WorkerFactory, make_settings, voxmill, wait_for
 from tests.helpers import worker_dicts
 from workers.embedded import LocalWorkers, free_port, redis_server_binary
@@ -327,7 +327,7 @@ def test_a_published_generation_never_makes_a_worker_load_a_path_from_redis(
 
 # --------------------------------------------------------------------------- URL roots over HTTP
 
-BIG_BYTES = 20 * 1024 * 1024  # over storage.WHOLE_READ_BYTES: read with ranged GETs
+BIG_BYTES = 20 * 1024 * 1024  # over objects.WHOLE_READ_BYTES: read with ranged GETs
 
 
 class CorpusHandler(http.server.SimpleHTTPRequestHandler):
@@ -450,17 +450,17 @@ def test_url_roots_hold_against_escaped_dot_segments_and_redirects(http_corpus: 
     # Every reader of the store layer refuses the redirect; none returns its body.
     jump = f"{root}/jump.wav"
     readers: dict[str, Callable[[], object]] = {
-        "fetch_checked": lambda: storage.fetch_checked(jump, 10**9),
-        "url_size": lambda: storage.url_size(jump),
-        "read_url": lambda: storage.read_url(jump),
-        "open_url": lambda: storage.open_url(jump, size=len(http_corpus.outside)),
+        "fetch_checked": lambda: objects.fetch_checked(jump, 10**9),
+        "url_size": lambda: objects.url_size(jump),
+        "read_url": lambda: objects.read_url(jump),
+        "open_url": lambda: objects.open_url(jump, size=len(http_corpus.outside)),
     }
     for name, read in readers.items():
         with pytest.raises(VoxmillError) as caught:
             read()
         assert caught.value.code == "forbidden_path" and "redirects are refused" in caught.value.message, name
     # HEAD says 200 (20 MB), the ranged GETs get the 302: the stream refuses at its first read.
-    stream = storage.open_url(f"{root}/big-jump.wav", size=BIG_BYTES)
+    stream = objects.open_url(f"{root}/big-jump.wav", size=BIG_BYTES)
     with pytest.raises(VoxmillError) as ranged:
         stream.read(4096)
     assert ranged.value.code == "forbidden_path"

@@ -18,7 +18,7 @@ import soundfile as sf
 
 from tests.conftest import make_settings
 from tests.helpers import make_audio_folder
-from workers.corpus.run import extract_corpus
+from workers.extract import extract_corpus
 
 OPS = ["tokenize", "embed"]
 

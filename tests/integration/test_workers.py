@@ -31,7 +31,7 @@ def test_worker_with_a_slow_loading_model_still_comes_up(
     start_worker, redis_url, redis_client, tmp_path, audio_dir
 ) -> None:
     """Warm-up takes longer than Celery's default 4 s proc-alive timeout; the pool must not kill it."""
-    from pipeline.standin import make_embedder_model, write_model
+    from pipeline.models.standin import make_embedder_model, write_model
 
     models = tmp_path / "models"
     models.mkdir()

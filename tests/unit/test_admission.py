@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import msgpack
 import pytest
 
 from pipeline.settings import AudioLimits
+from tests.helpers import celery_headers
 from workers.queue import admission
 from workers.queue.admission import (
     NOT_DECODED,
@@ -30,28 +30,7 @@ MSGPACK = "application/x-msgpack"
 EMBED: dict[str, Any] = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
-def headers(task: object = "voxmill.embed", **more: object) -> dict[str, object]:
-    """What Celery's `send_task` puts in a voxmill message's headers (protocol 2)."""
-    fields: dict[str, object] = {
-        "lang": "py",
-        "task": task,
-        "id": str(uuid.uuid4()),
-        "shadow": None,
-        "eta": None,
-        "expires": None,
-        "group": None,
-        "group_index": None,
-        "retries": 0,
-        "timelimit": [None, None],
-        "root_id": None,
-        "parent_id": None,
-        "argsrepr": "({'path': 'a.wav'},)",
-        "kwargsrepr": "{}",
-        "origin": "gen1@host",
-        "ignore_result": False,
-    }
-    fields.update(more)
-    return fields
+headers = celery_headers
 
 
 def refusal(head: object, body: object, content_type: str = JSON) -> str | None:

@@ -15,19 +15,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline import audio as audio_mod
-from pipeline.audio import (
-    AUDIOREAD_FORMAT,
-    TARGET_RATE_HZ,
-    Audio,
-    AudioInfo,
-    Segment,
-    check_samples,
-    load_audio,
-    probe_audio,
-    resample,
-    to_mono,
-)
+from pipeline.audio import decode, header, sources
+from pipeline.audio.decode import TARGET_RATE_HZ, Audio, Segment, check_samples, load_audio, resample, to_mono
+from pipeline.audio.header import AUDIOREAD_FORMAT, AudioInfo, probe_audio
 from pipeline.errors import (
     BAD_REQUEST,
     EMPTY,
@@ -77,19 +67,19 @@ def refused(source: str | Path | bytes, code: str, limits: AudioLimits = LIMITS)
 
 def fake_header(monkeypatch: pytest.MonkeyPatch, frames: int) -> None:
     """libsndfile's header of every clip opened from now on says `frames` (decoding reads the file)."""
-    real = audio_mod._Opened.soundfile
+    real = sources.Opened.soundfile
 
     def soundfile(self: Any) -> Any:
         sound = real(self)
         fields = {name: getattr(sound, name) for name in ("samplerate", "channels", "format", "subtype")}
         return SimpleNamespace(**fields, frames=frames, seek=sound.seek, read=sound.read)
 
-    monkeypatch.setattr(audio_mod._Opened, "soundfile", soundfile)
+    monkeypatch.setattr(sources.Opened, "soundfile", soundfile)
 
 
 def refuse_header(monkeypatch: pytest.MonkeyPatch, refuse: Any) -> None:
     """Opening a clip with libsndfile calls `refuse` instead."""
-    monkeypatch.setattr(audio_mod._Opened, "soundfile", lambda self: refuse())
+    monkeypatch.setattr(sources.Opened, "soundfile", lambda self: refuse())
 
 
 def forbid_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,8 +90,8 @@ def forbid_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(sf, "read", boom)
     monkeypatch.setattr(sf.SoundFile, "read", boom)
-    monkeypatch.setattr(audio_mod, "_read_into", boom)
-    monkeypatch.setattr(audio_mod, "_decode_with_audioread", boom)
+    monkeypatch.setattr(decode, "_read_into", boom)
+    monkeypatch.setattr(decode, "_decode_with_audioread", boom)
 
 
 # --------------------------------------------------------------------------- formats and rates
@@ -418,7 +408,7 @@ def test_header_that_understates_the_length_is_caught_while_decoding(
     path = write(tmp_path / "s.wav", sine(16000, 2.0), 16000)
     fallback_with_header(monkeypatch, frames=8000)
     mixed: list[int] = []
-    real_mix = audio_mod._mix_pcm16
+    real_mix = decode._mix_pcm16
 
     def counting_mix(pending: bytearray, channels: int, cap: int, into: Any, skip: int) -> int:
         before = into.frames
@@ -426,7 +416,7 @@ def test_header_that_understates_the_length_is_caught_while_decoding(
         mixed.append(into.frames - before)
         return left
 
-    monkeypatch.setattr(audio_mod, "_mix_pcm16", counting_mix)
+    monkeypatch.setattr(decode, "_mix_pcm16", counting_mix)
     error = refused(path, TOO_LONG, AudioLimits(max_duration_s=1.0))
     assert error.message == "clip is longer than its header says (500 ms); the limit is 1 s"
     assert sum(mixed) == 16001  # decoding stopped one frame past the limit, not at 2 s
@@ -437,14 +427,14 @@ def fallback_with_header(monkeypatch: pytest.MonkeyPatch, frames: int | None = N
     refuse_header(monkeypatch, lambda: (_ for _ in ()).throw(sf.LibsndfileError(1, "Error opening: ")))
     if frames is None:
         return
-    real = audio_mod._probe_with_audioread
+    real = header._probe_with_audioread
 
     def probe(path: Path) -> Any:
         info = real(path)
         assert isinstance(info, AudioInfo)
         return dataclasses.replace(info, frames=frames, duration_s=frames / info.sample_rate_hz)
 
-    monkeypatch.setattr(audio_mod, "_probe_with_audioread", probe)
+    monkeypatch.setattr(header, "_probe_with_audioread", probe)
 
 
 # --------------------------------------------------------------------------- decoding quirks
@@ -724,13 +714,13 @@ def test_a_header_that_understates_the_length_is_stopped_at_the_budget(
     fallback_with_header(monkeypatch, frames=8000)  # says 0.5 s: 64,000 bytes
     limits = AudioLimits(max_decoded_bytes=100_000)  # 12,500 stereo frames
     mixed: list[int] = []
-    real_add = audio_mod._Mixdown.add
+    real_add = decode._Mixdown.add
 
     def counting_add(self: Any, block: Any) -> None:
         mixed.append(len(block))
         real_add(self, block)
 
-    monkeypatch.setattr(audio_mod._Mixdown, "add", counting_add)
+    monkeypatch.setattr(decode._Mixdown, "add", counting_add)
     error = refused(path, TOO_LARGE, limits)
     assert error.message == (
         "clip is longer than its header says (500 ms): decoding would take more than 97.7 KB, the limit"
@@ -786,7 +776,7 @@ def test_decoding_in_blocks_gives_the_numbers_of_one_read_exactly(
     frames = np.random.default_rng(channels).uniform(-0.5, 0.5, (11025, channels)).astype(np.float32)
     path = write(tmp_path / f"x.{ext}", frames, 22050, **kwargs)
     block_bytes = 4 * channels * 1000 + 12  # blocks of 1000 frames: the last one is short
-    monkeypatch.setattr(audio_mod, "DECODE_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(decode, "DECODE_BLOCK_BYTES", block_bytes)
     assert np.array_equal(load_audio(path, LIMITS).samples, resample(one_read(path), 22050))
     part = load_audio(path, LIMITS, segment=Segment(0.1, 0.4))
     assert np.array_equal(part.samples, resample(one_read(path, 2205, 6615), 22050))
@@ -808,7 +798,7 @@ def test_the_audioread_fallback_decodes_in_blocks_exactly(
     path = write(tmp_path / "s.wav", pcm, 16000, subtype="PCM_16")
     expected = to_mono(pcm.astype(np.float32) / np.float32(32768.0))
     fallback_with_header(monkeypatch)
-    monkeypatch.setattr(audio_mod, "DECODE_BLOCK_BYTES", 1001)  # 83 frames, a fraction of a chunk
+    monkeypatch.setattr(decode, "DECODE_BLOCK_BYTES", 1001)  # 83 frames, a fraction of a chunk
     assert np.array_equal(load_audio(path, LIMITS).samples, expected)
     assert np.array_equal(load_audio(path, LIMITS, segment=Segment(0.1, 0.4)).samples, expected[1600:6400])
     third = load_audio(path, LIMITS, segment=Segment(0.5, None, 2))
@@ -821,7 +811,7 @@ def test_a_multichannel_clip_costs_its_mono_samples_plus_a_block(
     """8 channels, 20 s: 10 MB decoded at once before; now 1.3 MB of mono plus one block."""
     frames = 20 * 16000
     path = write(tmp_path / "eight.flac", sine(16000, 20.0, channels=8), 16000, format="FLAC")
-    monkeypatch.setattr(audio_mod, "DECODE_BLOCK_BYTES", 256 * 1024)
+    monkeypatch.setattr(decode, "DECODE_BLOCK_BYTES", 256 * 1024)
     tracemalloc.start()
     try:
         clip = load_audio(path, LIMITS)
@@ -832,4 +822,4 @@ def test_a_multichannel_clip_costs_its_mono_samples_plus_a_block(
     mono_bytes = 4 * frames
     mib = 2**20
     print(f"peak {peak / mib:.2f} MiB; mono {mono_bytes / mib:.2f} MiB, decoded {8 * mono_bytes / mib:.1f}")
-    assert peak < mono_bytes + 3 * audio_mod.DECODE_BLOCK_BYTES
+    assert peak < mono_bytes + 3 * decode.DECODE_BLOCK_BYTES

@@ -39,7 +39,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.audio import AUDIOREAD_FORMAT, DECODE_BLOCK_BYTES, TARGET_RATE_HZ, Audio, load_audio
+from pipeline.audio.decode import DECODE_BLOCK_BYTES, TARGET_RATE_HZ, Audio, load_audio
+from pipeline.audio.header import AUDIOREAD_FORMAT
 from pipeline.errors import CODES, VoxmillError
 from pipeline.settings import AudioLimits
 

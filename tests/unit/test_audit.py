@@ -1,5 +1,5 @@
-"""`pipeline.audit`: the comparisons, the sample, the verdict, and reading a run's outputs; re-extraction
-runs the tiny stand-ins for real."""
+"""`pipeline.outputs.audit`: the comparisons, the sample, the verdict, and reading a run's outputs;
+re-extraction runs the tiny stand-ins for real."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ import pytest
 import soundfile as sf
 
 from pipeline import Extractor
-from pipeline.audit import (
+from pipeline.demo import speechlike
+from pipeline.errors import VoxmillError
+from pipeline.models.standin import make_standins
+from pipeline.outputs.audit import (
     AuditThresholds,
     StoredRow,
     audit_run,
@@ -23,10 +26,7 @@ from pipeline.audit import (
     read_stored_rows,
     token_agreement,
 )
-from pipeline.demo import speechlike
-from pipeline.errors import VoxmillError
 from pipeline.settings import Settings
-from pipeline.standin import make_standins
 
 UTTS = [f"u{i}" for i in range(6)]
 

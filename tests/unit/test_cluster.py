@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.corpus import corpus_roots, outermost_folders
+from pipeline.corpus.roots import corpus_roots, outermost_folders
 from pipeline.settings import Settings
 from workers.corpus.cluster import EmbeddedCluster
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.audio import load_audio
+from pipeline.audio.decode import load_audio
 from pipeline.errors import CODES, FORBIDDEN_PATH, INTERNAL, NOT_FOUND, UNREADABLE, VoxmillError
-from pipeline.paths import ConfinedPath, resolve_allowed
 from pipeline.settings import AudioLimits
-from pipeline.storage import open_input
+from pipeline.storage.objects import open_input
+from pipeline.storage.paths import ConfinedPath, resolve_allowed
 
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
@@ -189,7 +189,7 @@ def test_the_fallback_decoder_reads_the_opened_file_not_the_path(
     import audioread
     import soundfile as sf
 
-    import pipeline.audio as audio_mod
+    from pipeline.audio import sources
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     (root / "d").mkdir(parents=True)
@@ -211,7 +211,7 @@ def test_the_fallback_decoder_reads_the_opened_file_not_the_path(
         raise sf.LibsndfileError(1, "Error opening: ")
 
     monkeypatch.setattr(audioread, "audio_open", swap_then_open)
-    monkeypatch.setattr(audio_mod._Opened, "soundfile", lambda self: refuse())
+    monkeypatch.setattr(sources.Opened, "soundfile", lambda self: refuse())
     clip = load_audio(source, AudioLimits())
     assert clip.codec == "audioread" and len(clip.samples) == 8000  # the inside clip
     assert names and all(name.startswith(f"/proc/{os.getpid()}/fd/") for name in names)

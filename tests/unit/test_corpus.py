@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import corpus
-from pipeline.corpus import CorpusError, CorpusListing, ShardCutter, check_ops, read_corpus, shard_digest
+from pipeline.corpus import kaldi
+from pipeline.corpus.listing import CorpusError, CorpusListing, read_corpus
+from pipeline.corpus.sharding import ShardCutter, check_ops, shard_digest
 from pipeline.errors import BAD_REQUEST, VoxmillError
 from pipeline.records import Utterance
 
@@ -244,8 +245,8 @@ def test_side_files_in_the_listings_order_are_not_read_ahead(
     _write(tmp_path / "utt2spk", "".join(f"u{i:05d} s{i % 7}\n" for i in range(count)))
     _write(tmp_path / "utt2dur", "".join(f"u{i:05d} 1.5\n" for i in range(count)))
     asked: list[Path] = []
-    keys_sorted = corpus._keys_sorted
-    monkeypatch.setattr(corpus, "_keys_sorted", lambda file: asked.append(file) or keys_sorted(file))
+    keys_sorted = kaldi._keys_sorted
+    monkeypatch.setattr(kaldi, "_keys_sorted", lambda file: asked.append(file) or keys_sorted(file))
     utts = list(CorpusListing(tmp_path))
     assert len(utts) == count and utts[3].spk == "s3" and utts[3].duration_s == 1.5
     assert asked == []

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.audio import load_audio, probe_audio
-from pipeline.corpus import read_corpus
+from pipeline.audio.decode import load_audio
+from pipeline.audio.header import probe_audio
+from pipeline.corpus.listing import read_corpus
 from pipeline.demo import make_demo_corpus, set_ogg_serial
 from pipeline.errors import UNREADABLE, VoxmillError
 from pipeline.settings import AudioLimits

@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from rich.console import Console
 
+from pipeline.models.standin import make_embedder_model, write_model
 from pipeline.settings import Settings
-from pipeline.standin import make_embedder_model, write_model
 from tests.unit.test_sessions import wrong_rank_embedder
 from workers.observe.doctor import (
     Check,

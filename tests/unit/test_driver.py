@@ -7,9 +7,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipeline.errors import INTERNAL, OUTPUT_ERROR
-from pipeline.merge import merge_outputs
+from pipeline.outputs.merge import merge_outputs
+from pipeline.outputs.writers import given_up_file_name, write_given_up_shard, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
-from pipeline.writers import given_up_file_name, write_given_up_shard, write_shard
 from workers.corpus.driver import InFlight, given_up_reason, judge_late, late_shards
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from pipeline.engines import (
+from pipeline.errors import VoxmillError
+from pipeline.models.engines import (
     build_engine,
     build_engines,
     engine_status,
@@ -18,11 +19,13 @@ from pipeline.engines import (
     run_profile_shapes,
     tensorrt_options,
 )
-from pipeline.errors import VoxmillError
-from pipeline.host import HostInfo
-from pipeline.providers import CPU, CUDA, TENSORRT, ProviderOptions, engine_cache_dir
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions, plan_providers, sha256_bytes
+from pipeline.models.files import sha256_bytes
+from pipeline.models.host import HostInfo
+from pipeline.models.options import SessionOptions
+from pipeline.models.planning import plan_providers
+from pipeline.models.providers import CPU, CUDA, TENSORRT, ProviderOptions, engine_cache_dir
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
 from tests.conftest import voxmill
 
 HOST = HostInfo("NVIDIA H200", {"onnxruntime": "1.20.1", "tensorrt": "10.4.0", "cuda": "12.4"})
@@ -78,9 +81,9 @@ def test_no_tensorrt_means_no_gpu_probe_and_no_cache_folder(
     provider: str,
     available: list[str],
 ) -> None:
-    import pipeline.sessions as sessions
+    import pipeline.models.planning as planning
 
-    monkeypatch.setattr(sessions, "detect_host", no_detection)
+    monkeypatch.setattr(planning, "detect_host", no_detection)
     data = (tiny_models / "campplus.onnx").read_bytes()
     choice, folder = plan_providers(
         trt_options(tmp_path, provider), registry.role("embedder"), data, "e" * 64, available

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import CODES, VoxmillError
+from pipeline.errors import CODES, ModelUnavailable, VoxmillError
 from workers.corpus.plan import RunError
 from workers.embedded import ProcessExited
 from workers.observe.run_metrics import RunMetricsPortError
 from workers.queue.client import BrokerNotConfigured, NoConsumer
-from workers.reload.holder import ModelUnavailable
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

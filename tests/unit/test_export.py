@@ -13,10 +13,10 @@ import pytest
 import soundfile as sf
 
 from pipeline.errors import BAD_REQUEST, VoxmillError
-from pipeline.export import NothingToExport, export_cosyvoice
-from pipeline.merge import merge_outputs
+from pipeline.outputs.export import NothingToExport, export_cosyvoice
+from pipeline.outputs.merge import merge_outputs
+from pipeline.outputs.writers import write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
-from pipeline.writers import write_shard
 
 SPEAKERS = {"u1": "alice", "u2": "alice", "u3": "bob", "u4": "bob", "u5": "carol", "u6": "bob"}
 FAILED = "u5"  # carol's only clip fails, so carol has no speaker embedding either
@@ -76,7 +76,7 @@ def test_export_round_trip(
 ) -> None:
     data, features = corpus
     out = tmp_path / "parquet"
-    with caplog.at_level(logging.WARNING, logger="pipeline.export"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.outputs.export"):
         parquets = export_cosyvoice(data, features, out, utts_per_parquet=2)
     assert "skipped 1 of 6" in caplog.text and FAILED in caplog.text
     assert parquets == [out / f"parquet_{i:09d}.tar" for i in range(3)]

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import workers.worker as worker
-from pipeline.providers import CPU, CUDA, TENSORRT
+from pipeline.models.providers import CPU, CUDA, TENSORRT
 from pipeline.settings import Settings
 from workers.cli import app
 from workers.worker import check_pool_for_provider, serving_provider

@@ -20,7 +20,7 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 EXPORTED = """
 import json
 import prometheus_client as pc
-from workers.observe.metrics import Metrics, WatcherMetrics
+from workers.metrics import Metrics, WatcherMetrics
 from workers.observe.run_metrics import RunMetrics
 
 SUFFIXES = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}

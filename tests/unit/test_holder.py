@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.registry import Registry
-from pipeline.sessions import SessionOptions
-from pipeline.standin import EMBEDDER_FILE, make_embedder_model, write_model
-from workers.reload.holder import ModelHolder, ModelUnavailable
+from pipeline.errors import ModelUnavailable
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.standin import EMBEDDER_FILE, make_embedder_model, write_model
+from workers.reload.holder import ModelHolder
 
 
 def holder(**options: object) -> ModelHolder:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from pipeline.host import (
+from pipeline.models.host import (
     UNKNOWN_GPU,
     HostInfo,
     detect_gpu_name,

@@ -59,7 +59,7 @@ def test_a_producer_client_imports_no_inference_and_builds_one_app_and_no_holder
 
 def test_importing_the_modules_builds_no_app() -> None:
     found = probe(
-        "import workers.queue.app, workers.queue.client, workers.worker, workers.corpus.run, workers.cli\n"
+        "import workers.queue.app, workers.queue.client, workers.worker, workers.extract, workers.cli\n"
     )
     assert found["apps"] == 0 and found["holders"] == 0
     assert not [m for m in found["modules"] if m.startswith("onnxruntime")]  # type: ignore[union-attr]

@@ -23,10 +23,11 @@ from pipeline.inference import (
     tokenizer_inputs,
     window_starts,
 )
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
+from pipeline.models.standin import make_standins, write_model
 from pipeline.settings import AudioLimits
-from pipeline.standin import make_standins, write_model
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

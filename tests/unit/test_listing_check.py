@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.corpus import CorpusError, read_corpus
-from pipeline.listing_check import check_listing, looks_clean
+from pipeline.corpus.check import check_listing, looks_clean
+from pipeline.corpus.listing import CorpusError, read_corpus
 
 LIMIT = 4096
 

@@ -1,7 +1,7 @@
 """Random and mutated listing lines, seeded: reading and planning a listing either gives
 well-formed utterances or the listing's clear error (`CorpusError`, a `RunError` from the
 planner), never another exception, never a hang; and the quick pass before a run
-(`pipeline.listing_check`) never vouches for a listing the reader refuses.
+(`pipeline.corpus.check`) never vouches for a listing the reader refuses.
 
 Every format the corpus readers take a line at a time is fuzzed: Kaldi `wav.scp`, `utt2spk`,
 `text`, `utt2dur`, `segments` (with `reco2dur`), JSONL manifests and lhotse `cuts.jsonl`. Each
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-import pipeline.corpus
-from pipeline.corpus import CorpusError, CorpusListing
-from pipeline.listing_check import check_listing, looks_clean
+from pipeline.corpus import kaldi, lhotse, manifest, reading, roots, tars
+from pipeline.corpus.check import check_listing, looks_clean
+from pipeline.corpus.listing import CorpusError, CorpusListing
 from pipeline.records import Utterance
 from pipeline.settings import Settings
 from workers.corpus.plan import Planner, PlanReader, RunError
@@ -303,14 +303,15 @@ def test_random_listing_lines_give_utterances_or_the_listings_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     too_long: list[str] = []
-    absolute = pipeline.corpus._absolute
+    absolute = reading.absolute
 
     def checked_absolute(base: Path | str, path: str) -> str:
         if len(path) > LIMIT or "\x00" in path:  # a path call must never see what the limit refuses
             too_long.append(path)
         return absolute(base, path)
 
-    monkeypatch.setattr(pipeline.corpus, "_absolute", checked_absolute)
+    for reader in (kaldi, lhotse, manifest, roots, tars):  # every module that makes a listed path absolute
+        monkeypatch.setattr(reader, "absolute", checked_absolute)
     settings = Settings(max_text_chars=LIMIT, shard_size=2)
     rng = random.Random(SEED)
     seen = {"refused": 0, "read": 0, "vouched": 0}

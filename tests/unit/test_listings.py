@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.audio import Segment, load_audio
-from pipeline.corpus import NO_SHELL, CorpusError, CorpusListing, corpus_roots, read_corpus, shard_digest
+from pipeline.audio.decode import Segment, load_audio
+from pipeline.corpus.listing import CorpusError, CorpusListing, read_corpus
+from pipeline.corpus.problems import NO_SHELL
+from pipeline.corpus.roots import corpus_roots
+from pipeline.corpus.sharding import shard_digest
+from pipeline.corpus.tars import iter_samples, split_key
 from pipeline.errors import BAD_REQUEST, EMPTY, NOT_FOUND, TOO_LARGE, TOO_LONG, UNREADABLE, VoxmillError
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import AudioLimits, Settings
-from pipeline.tars import iter_samples, split_key
 from workers.corpus.driver import InFlight, late_shards, shards_to_look_at
 from workers.corpus.plan import Planner, PlanReader
 

@@ -9,7 +9,7 @@ import sys
 CHILD = """
 import os, prometheus_client
 from pathlib import Path
-from workers.observe.metrics import prepare_multiprocess
+from workers.metrics import prepare_multiprocess
 folder = prepare_multiprocess()
 prometheus_client.Counter("voxmill_probe", "probe").inc()
 print(sorted(p.name for p in Path(folder).iterdir()))
@@ -25,7 +25,7 @@ def test_samples_land_in_the_multiprocess_folder_whatever_the_import_order() -> 
 
 WATCHER_CHILD = """
 import prometheus_client
-from workers.observe.metrics import WatcherMetrics
+from workers.metrics import WatcherMetrics
 metrics = WatcherMetrics()
 metrics.publication("embedder")
 metrics.rejection("tokenizer")

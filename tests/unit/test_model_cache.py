@@ -14,17 +14,19 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from pipeline import sessions
 from pipeline.demo import speechlike
 from pipeline.errors import VoxmillError
 from pipeline.features import whisper_log_mel
-from pipeline.identity import FileIdentity
 from pipeline.inference import embedder_inputs, open_session, tokenizer_inputs
-from pipeline.model_cache import ENTRY_FILE, HASHES_DIR, MODEL_FILE, ModelCache, cache_key, cpu_fingerprint
-from pipeline.registry import Registry
-from pipeline.sessions import RACY_MARGIN_NS, ModelSession, PinnedModelFile, SessionOptions, _session_options
+from pipeline.models import files
+from pipeline.models.cache import ENTRY_FILE, HASHES_DIR, MODEL_FILE, ModelCache, cache_key, cpu_fingerprint
+from pipeline.models.files import RACY_MARGIN_NS, PinnedModelFile
+from pipeline.models.identity import FileIdentity
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession, _session_options
+from pipeline.models.standin import make_standins
 from pipeline.settings import Settings
-from pipeline.standin import make_standins
 
 REGISTRY = Registry.load()
 
@@ -161,7 +163,7 @@ def test_the_stream_hash_path_keeps_the_refusals(
     models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A file just written is never recorded as known; here it is, whatever the test's timing.
-    monkeypatch.setattr(sessions, "RACY_MARGIN_NS", 0)
+    monkeypatch.setattr(files, "RACY_MARGIN_NS", 0)
     cache = tmp_path / "cache"
     with pytest.raises(VoxmillError) as caught:
         ModelSession.load(

@@ -14,9 +14,10 @@ import soundfile as sf
 
 from pipeline.features import mean_normalized, whisper_log_mel
 from pipeline.inference import embedder_inputs, open_session, tokenizer_inputs
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
-from pipeline.standin import make_embedder_model, make_tokenizer_model, write_model
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
+from pipeline.models.standin import make_embedder_model, make_tokenizer_model, write_model
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CLIPS = ["chirp_3s", "noise_1p37s", "speechlike_7p5s", "stereo44k_2s"]

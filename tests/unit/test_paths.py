@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, VoxmillError
-from pipeline.paths import Roots, is_within, resolve_allowed_path
+from pipeline.storage.paths import Roots, is_within, resolve_allowed_path
 
 
 @pytest.fixture

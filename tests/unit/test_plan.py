@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.corpus import auto_shard_size, shard_size_for_durations
+from pipeline.corpus.sharding import auto_shard_size, shard_size_for_durations
 from pipeline.settings import Settings
 from workers.corpus.plan import Planner, PlanReader, RunError
 
@@ -165,7 +165,7 @@ def test_a_name_longer_than_max_text_chars_is_refused_with_its_line(tmp_path: Pa
 
 def test_both_ops_run_as_one_extract_task_only_where_every_worker_serves_it() -> None:
     from workers.corpus.plan import task_ops
-    from workers.corpus.run import all_serve_extract
+    from workers.extract import all_serve_extract
 
     assert task_ops(["tokenize", "embed"], True) == ["extract"]
     assert task_ops(["tokenize", "embed"], False) == ["tokenize", "embed"]
@@ -199,20 +199,20 @@ def test_a_plan_made_with_separate_tasks_resumes_with_them(tmp_path: Path) -> No
 def test_a_finished_plan_resumes_without_reading_an_unchanged_listing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline import corpus
+    from pipeline.corpus import digest, listing
 
     source = manifest(tmp_path, 10)
     out = tmp_path / "out"
     settings = Settings()
     first = plan_for(source, out, ["embed"], 4, settings, None)
     complete = out / "plan" / "complete.json"
-    assert json.loads(complete.read_text())["listing_digest"] == corpus.listing_digest(source)
+    assert json.loads(complete.read_text())["listing_digest"] == digest.listing_digest(source)
 
     def unread(self: object) -> object:
         raise AssertionError("the listing was read")
 
     with monkeypatch.context() as patched:
-        patched.setattr(corpus.CorpusListing, "__iter__", unread)
+        patched.setattr(listing.CorpusListing, "__iter__", unread)
         again = plan_for(source, out, ["embed"], 4, settings, None)
     assert (again.planned, again.utterances, again.fingerprint) == (first.planned, 10, first.fingerprint)
     assert [len(utts) for _, utts in PlanReader(out).shards()] == [4, 4, 2]
@@ -222,19 +222,19 @@ def test_a_finished_plan_resumes_without_reading_an_unchanged_listing(
     del record["listing_digest"]
     complete.write_text(json.dumps(record))
     assert plan_for(source, out, ["embed"], 4, settings, None).fingerprint == first.fingerprint
-    assert json.loads(complete.read_text())["listing_digest"] == corpus.listing_digest(source)
+    assert json.loads(complete.read_text())["listing_digest"] == digest.listing_digest(source)
 
     # A changed listing is read again, and refused as another corpus.
-    planned_from = corpus.listing_digest(source)
+    planned_from = digest.listing_digest(source)
     with source.open("a") as stream:
         stream.write('{"utt": "u99999", "path": "/a/late.wav"}\n')
-    assert corpus.listing_digest(source) != planned_from
+    assert digest.listing_digest(source) != planned_from
     with pytest.raises(RunError, match="different corpus"):
         plan_for(source, out, ["embed"], 4, settings, None)
 
 
 def test_only_local_file_listings_have_a_digest(tmp_path: Path) -> None:
-    from pipeline.corpus import listing_digest
+    from pipeline.corpus.digest import listing_digest
 
     kaldi = tmp_path / "kaldi"
     kaldi.mkdir()

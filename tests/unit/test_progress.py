@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from workers.corpus.progress import Counts, audio_amount, summary_line
+from pipeline.units import audio_amount
+from workers.corpus.hooks import Counts
+from workers.corpus.progress import summary_line
 
 
 def test_audio_is_said_in_seconds_minutes_or_hours() -> None:

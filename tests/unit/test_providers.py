@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.host import HostInfo
-from pipeline.providers import (
+from pipeline.models.host import HostInfo
+from pipeline.models.providers import (
     CPU,
     CUDA,
     PROVIDER_NAMES,
@@ -197,7 +197,7 @@ def test_auto_falls_back_silently_by_design() -> None:
 
 
 def test_failed_start_names_the_missing_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.providers as providers
+    import pipeline.models.providers as providers
 
     monkeypatch.setattr(
         providers.ctypes.util, "find_library", lambda lib: None if lib == "cudnn" else f"lib{lib}.so"

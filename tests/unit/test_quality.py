@@ -12,12 +12,12 @@ import pytest
 import soundfile as sf
 
 from pipeline import Extractor
+from pipeline.audio.quality import CLIP_LEVEL, DBFS_FLOOR, STAT_FIELDS, clip_stats, dbfs
+from pipeline.audio.vad import SpeechCheck
 from pipeline.demo import speechlike
 from pipeline.inference import run_clip
-from pipeline.quality import CLIP_LEVEL, DBFS_FLOOR, STAT_FIELDS, clip_stats, dbfs
 from pipeline.records import TaskResult
 from pipeline.settings import AudioLimits
-from pipeline.vad import SpeechCheck
 
 RATE = 16000
 

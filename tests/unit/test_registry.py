@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import VoxmillError
-from pipeline.registry import Registry
+from pipeline.models.registry import Registry
 
 V2_SHA = "d43342aa12163a80bf07bffb94c9de2e120a8df2f9917cd2f642e7f4219c6f71"
 V1_25HZ_SHA = "56285ddd4a83e883ee0cb9f8d69c1089b53a94b1f78ff7e4a0224a27eb4cb486"

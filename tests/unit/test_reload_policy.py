@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.identity import FileIdentity
+from pipeline.models.identity import FileIdentity
 from workers.reload.policy import (
     Adopt,
     AwaitVerdict,

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.outputs.writers import write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
-from pipeline.writers import write_shard
 from tests.browser import boxes, color_mask, dump_dom, needs_chromium, screenshot
 from workers.observe.report_html import (
     BAR,

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from pipeline.records import ShardSpec, TaskResult, Utterance
-from pipeline.writers import write_shard
+from pipeline.outputs.writers import write_shard
+from pipeline.records import ShardResult, ShardSpec, TaskResult, Utterance
 from tests.unit.test_grafana import probe_json
-from workers.corpus.progress import Counts
+from workers.corpus.hooks import Counts, RunRound
 from workers.embedded import free_port
 from workers.observe.run_metrics import (
     RunMetrics,
@@ -91,12 +91,14 @@ def test_the_observer_reads_failures_by_code_from_the_shard_file(tmp_path: Path)
     ]
     path = write_shard(tmp_path, spec, results)
     assert failures_by_code(path) == {"too_short": 2, "not_found": 1}
-    observer = RunObserver(tmp_path, metrics_port=free_port(), metrics_addr="127.0.0.1")
-    observer.start()
+    observer = RunObserver(
+        tmp_path, redis.Redis(port=free_port()), metrics_port=free_port(), metrics_addr="127.0.0.1"
+    )
+    observer.run_started()
     try:
-        observer.shard_done(spec, ok=1, failed=3, audio_s=1.0, shard_file=path)
+        observer.shard_done(spec, ShardResult(0, "embed", str(path), 1, 3, 1.0, 0.0), path)
         counts = Counts(n_ops=1, units_total=None, units_done=4)
-        observer.round(redis.Redis(port=free_port()), counts, in_flight=0, plan=plan(planned=3))
+        observer.round_ended(RunRound(counts, 0, plan(planned=3)))
         text = scrape(observer.metrics_port or 0)
     finally:
         observer.metrics.close()
@@ -121,8 +123,8 @@ def test_without_a_port_nothing_is_imported_or_served() -> None:
     code = (
         "import sys; from pathlib import Path\n"
         "from workers.observe.run_metrics import RunObserver\n"
-        "o = RunObserver(Path('out'))\n"
-        "o.start(); o.resubmitted()\n"
+        "o = RunObserver(Path('out'), None)\n"
+        "o.run_started(); o.shard_resubmitted(None)\n"
         "import json; print(json.dumps([type(o.metrics).__name__, 'prometheus_client' in sys.modules]))\n"
     )
     assert probe_json(code) == ["NoRunMetrics", False]
@@ -133,6 +135,6 @@ def test_a_taken_port_is_a_clear_error_before_the_run() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        observer = RunObserver(Path("out"), metrics_port=port, metrics_addr="127.0.0.1")
+        observer = RunObserver(Path("out"), None, metrics_port=port, metrics_addr="127.0.0.1")
         with pytest.raises(RunMetricsPortError, match=f"cannot serve the run's metrics on port {port}"):
-            observer.start()
+            observer.run_started()

@@ -14,9 +14,11 @@ from onnx import TensorProto, helper
 
 from pipeline.errors import VoxmillError
 from pipeline.inference import open_session
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, PinnedModelFile, SessionOptions
-from pipeline.standin import make_standins
+from pipeline.models.files import PinnedModelFile
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
+from pipeline.models.standin import make_standins
 
 REGISTRY = Registry.load()
 OPTIONS = SessionOptions(provider="cpu", warmup_runs=2)

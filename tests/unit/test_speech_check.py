@@ -12,12 +12,12 @@ import pytest
 import soundfile as sf
 
 from pipeline import Extractor
+from pipeline.audio.quality import STAT_FIELDS
+from pipeline.audio.vad import SpeechCheck
 from pipeline.inference import run_clip
-from pipeline.quality import STAT_FIELDS
+from pipeline.outputs.writers import SHARD_SCHEMA, read_shard, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
 from pipeline.settings import AudioLimits, Settings
-from pipeline.vad import SpeechCheck
-from pipeline.writers import SHARD_SCHEMA, read_shard, write_shard
 from tests.speech_audio import espeak_wav, hum, needs_espeak
 
 

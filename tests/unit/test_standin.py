@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from pipeline import standin
+from pipeline.models import standin
 
 
 def _session(path: Path) -> ort.InferenceSession:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import storage
 from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, NOT_FOUND, STORE_ERROR, VoxmillError
-from pipeline.paths import ConfinedPath, resolve_allowed
 from pipeline.settings import Settings
-from pipeline.storage import check_url, expand_braces, parse_url, split_roots, url_within
+from pipeline.storage import locations, objects, urls
+from pipeline.storage.paths import ConfinedPath, resolve_allowed
+from pipeline.storage.urls import check_url, expand_braces, parse_url, split_roots, url_within
 
 
 def test_urls_are_normalised_dot_segments_removed_and_never_climb_above_the_bucket() -> None:
@@ -18,8 +18,8 @@ def test_urls_are_normalised_dot_segments_removed_and_never_climb_above_the_buck
     assert str(parse_url("s3://bkt/../../etc/passwd")) == "s3://bkt/etc/passwd"
     assert str(parse_url("GCS://bkt//x")) == "gs://bkt/x"
     assert str(parse_url("https://Host:8443/p/q?x=1")) == "https://host:8443/p/q"
-    assert not storage.is_url(Path("s3://bkt/a"))  # a Path is never a URL
-    assert not storage.is_url("/data/s3://x")
+    assert not urls.is_url(Path("s3://bkt/a"))  # a Path is never a URL
+    assert not urls.is_url("/data/s3://x")
 
 
 def test_a_url_with_credentials_is_refused_without_echoing_them() -> None:
@@ -101,7 +101,7 @@ def test_failures_are_classified_missing_refused_or_transient_and_retried_a_boun
             raise ConnectionResetError("reset by peer")
         return "bytes"
 
-    assert storage.with_retries(flaky, "s3://b/k", "cannot read", base_s=0.0) == "bytes"
+    assert objects.with_retries(flaky, "s3://b/k", "cannot read", base_s=0.0) == "bytes"
     assert len(calls) == 3
 
     def down() -> str:
@@ -110,8 +110,8 @@ def test_failures_are_classified_missing_refused_or_transient_and_retried_a_boun
 
     calls.clear()
     with pytest.raises(VoxmillError) as caught:
-        storage.with_retries(down, "s3://b/k", "cannot read", base_s=0.0)
-    assert caught.value.code == STORE_ERROR and len(calls) == storage.RETRY_ATTEMPTS
+        objects.with_retries(down, "s3://b/k", "cannot read", base_s=0.0)
+    assert caught.value.code == STORE_ERROR and len(calls) == objects.RETRY_ATTEMPTS
     assert "s3://b/k" in caught.value.message and "TimeoutError" in caught.value.message
 
     def missing() -> str:
@@ -120,30 +120,30 @@ def test_failures_are_classified_missing_refused_or_transient_and_retried_a_boun
 
     calls.clear()
     with pytest.raises(VoxmillError) as gone:
-        storage.with_retries(missing, "s3://b/k", "cannot read", base_s=0.0)
+        objects.with_retries(missing, "s3://b/k", "cannot read", base_s=0.0)
     assert gone.value.code == NOT_FOUND and len(calls) == 1  # not retried
 
     def refused() -> str:
         raise PermissionError("Access Denied for key AKIAEXAMPLE")
 
     with pytest.raises(VoxmillError) as denied:
-        storage.with_retries(refused, "s3://b/k", "cannot read", base_s=0.0)
+        objects.with_retries(refused, "s3://b/k", "cannot read", base_s=0.0)
     assert denied.value.code == STORE_ERROR
     assert "AKIAEXAMPLE" not in denied.value.message  # the client's own text is never repeated
 
 
 def test_output_locations_local_and_object(tmp_path: Path) -> None:
-    local = storage.output_location(tmp_path)
+    local = locations.output_location(tmp_path)
     assert local.is_local and local.ref("shards/a.parquet") == tmp_path / "shards" / "a.parquet"
     with local.writer("shards/a.parquet") as stream:
         stream.write(b"data")
     assert local.names("shards") == {"a.parquet"} and local.read_bytes("shards/a.parquet") == b"data"
     assert local.names("nothing") == set()
-    remote = storage.output_location("s3://bkt/run/../runs/1/")
+    remote = locations.output_location("s3://bkt/run/../runs/1/")
     assert not remote.is_local and remote.ref("shards/a.parquet") == "s3://bkt/runs/1/shards/a.parquet"
-    assert storage.location_name("s3://bkt/runs/./1/") == "s3://bkt/runs/1"
+    assert locations.location_name("s3://bkt/runs/./1/") == "s3://bkt/runs/1"
     with pytest.raises(VoxmillError) as caught:
-        storage.output_location("https://host/out")
+        locations.output_location("https://host/out")
     assert caught.value.code == BAD_REQUEST
 
 
@@ -230,16 +230,16 @@ def test_what_is_fetched_is_what_was_checked() -> None:
 
     for url in ["http://h/corpus/a b/./c%41.wav", "http://h/corpus/x/../y/%7Ez.wav"]:
         checked = check_url(url, [ROOT])
-        assert storage.parse_url(checked) == storage.parse_url(url)  # parsing again changes nothing
+        assert urls.parse_url(checked) == urls.parse_url(url)  # parsing again changes nothing
         sent = yarl.URL(checked)
         assert sent.path.startswith("/corpus/") and "/../" not in sent.path
-        assert sent.path == "/" + storage.parse_url(checked).key.replace("%41", "A").replace("%7E", "~")
+        assert sent.path == "/" + urls.parse_url(checked).key.replace("%41", "A").replace("%7E", "~")
 
 
 def test_urls_over_the_length_limit_are_refused_before_parsing() -> None:
     url = "http://h/corpus/" + "a/" * 3_000_000
     for call in (
-        lambda: storage.parse_url(url),
+        lambda: urls.parse_url(url),
         lambda: check_url(url, [ROOT]),
         lambda: resolve_allowed(url, []),
     ):
@@ -266,13 +266,13 @@ def test_a_failure_wrapping_a_voxmill_error_is_that_error() -> None:
         except VoxmillError as exc:
             raise FileNotFoundError("http://h/corpus/a.wav") from exc
     except FileNotFoundError as wrapped:
-        assert storage.store_failure(wrapped, "http://h/corpus/a.wav", "cannot stat") is refused
+        assert objects.store_failure(wrapped, "http://h/corpus/a.wav", "cannot stat") is refused
 
     def info() -> None:
         raise FileNotFoundError("x") from refused
 
     with pytest.raises(VoxmillError) as caught:
-        storage.with_retries(info, "http://h/corpus/a.wav", "cannot stat", base_s=0.0)
+        objects.with_retries(info, "http://h/corpus/a.wav", "cannot stat", base_s=0.0)
     assert caught.value is refused
 
 

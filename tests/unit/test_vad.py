@@ -10,11 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import vad
-from pipeline.demo import speechlike
-from pipeline.errors import VoxmillError
-from pipeline.standin import make_standins
-from pipeline.vad import (
+from pipeline.audio import vad
+from pipeline.audio.vad import (
     BLOCK_FRAMES,
     DETECTOR_FILE,
     FRAME_SAMPLES,
@@ -29,6 +26,9 @@ from pipeline.vad import (
     segments_from_probs,
     shared_detector,
 )
+from pipeline.demo import speechlike
+from pipeline.errors import VoxmillError
+from pipeline.models.standin import make_standins
 from tests.speech_audio import (
     ESPEAK,
     NO_ESPEAK,

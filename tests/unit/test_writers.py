@@ -14,11 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import writers
 from pipeline.errors import OUTPUT_ERROR, VoxmillError
-from pipeline.merge import merge_outputs, speaker_means
+from pipeline.outputs import writers
+from pipeline.outputs.merge import merge_outputs, speaker_means
+from pipeline.outputs.writers import read_shard, shard_counts, shard_path, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
-from pipeline.writers import read_shard, shard_counts, shard_path, write_shard
+from pipeline.storage import locations
 
 TOK = {"tokenizer": {"file": "speech_tokenizer_v2.onnx", "sha256": "a" * 64}}
 EMB = {"embedder": {"file": "campplus.onnx", "sha256": "b" * 64}}
@@ -160,7 +161,7 @@ def test_write_failure_on_disk_full_leaves_nothing(tmp_path: Path, monkeypatch: 
     def full(src: Any, dst: Any) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(writers.os, "replace", full)
+    monkeypatch.setattr(locations.os, "replace", full)
     spec = ShardSpec(shard=1, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
     with pytest.raises(VoxmillError) as caught:
         write_shard(tmp_path, spec, [_ok("embed", "a")])
@@ -375,7 +376,7 @@ def test_merge_writes_utt_stats_their_percentiles_and_provenance_in_every_file(t
 
 
 def test_a_quality_filter_leaves_utterances_out_and_lists_them_with_the_reason(tmp_path: Path) -> None:
-    from pipeline.quality import QualityFilter
+    from pipeline.audio.quality import QualityFilter
 
     report = merge_outputs(tmp_path, _stats_run(tmp_path), {}, quality=QualityFilter(min_speech_ratio=0.3))
     assert pq.read_table(tmp_path / "speech_tokens.parquet").column("utt").to_pylist() == ["a", "c"]

@@ -1,14 +1,14 @@
 """`voxmill audit OUT` and `extract --audit N`: a sample of a finished run, re-extracted in this
-process on the CPU reference path and compared with the stored rows (`pipeline.audit`)."""
+process on the CPU reference path and compared with the stored rows (`pipeline.outputs.audit`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pipeline.audit import AuditReport, AuditThresholds, audit_run, paths_by_utt, read_stored_rows
+from pipeline.outputs.audit import AuditReport, AuditThresholds, audit_run, paths_by_utt, read_stored_rows
+from pipeline.outputs.writers import write_text
 from pipeline.settings import Settings
-from pipeline.writers import write_text
 from workers.corpus.plan import PlanReader
 
 AUDIT_FILE = "audit.json"

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import VoxmillError
+from pipeline.models.registry import Registry
 from pipeline.records import ROLES_BY_OP
-from pipeline.registry import Registry
 from pipeline.settings import Settings
-from pipeline.storage import is_url, normalise_url
+from pipeline.storage.urls import is_url, normalise_url
 from workers.corpus.plan import RunError
 from workers.embedded import EmbeddedRedis, LocalWorkers, ProcessExited
 from workers.heartbeat import count_ready_workers
@@ -79,7 +79,7 @@ class EmbeddedCluster:
         url_prefixes: Sequence[str] = (),
         state_dir: Path | None = None,
     ) -> None:
-        """`folders` and `url_prefixes`: where the corpus's audio is (`pipeline.corpus.corpus_roots`):
+        """`folders` and `url_prefixes`: where the corpus's audio is (`pipeline.corpus.roots.corpus_roots`):
         the run's own workers may read there, as the person running it chose those files. An
         object-store `out_dir` is allowed as a URL prefix; `workers.log` then goes to `state_dir`.
 

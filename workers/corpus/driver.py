@@ -45,29 +45,28 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
 from pipeline.errors import INTERNAL, OUTPUT_ERROR, STORE_ERROR, VoxmillError
-from pipeline.records import ShardResult, ShardSpec
-from pipeline.settings import Settings
-from pipeline.storage import OutputLocation, output_location
-from pipeline.writers import (
+from pipeline.outputs.writers import (
     SHARDS_DIR,
     given_up_file_name,
     shard_counts,
     shard_file_name,
     write_given_up_shard,
 )
+from pipeline.records import ShardResult, ShardSpec
+from pipeline.settings import Settings
+from pipeline.storage.locations import OutputLocation, output_location
 from workers import keys, tuning
 from workers.corpus.cluster import Cluster
+from workers.corpus.hooks import Counts, RunHooks, RunRound
 from workers.corpus.plan import Planner, PlanReader, RunError
-from workers.corpus.progress import ProgressView
 from workers.heartbeat import read_worker_records
-from workers.observe.run_metrics import RunObserver
 from workers.queue import connections
 from workers.queue.app import SHARD_TASK
 from workers.queue.delivery import WorkerView
@@ -219,20 +218,17 @@ class CorpusDriver:
     """Submits the shards of a plan to a cluster and follows them until every shard file exists."""
 
     def __init__(
-        self, app: Celery, cluster: Cluster, planner: Planner, out_dir: Path | str, view: ProgressView
+        self, app: Celery, cluster: Cluster, planner: Planner, out_dir: Path | str, hooks: RunHooks
     ) -> None:
         self.app = app
         self.cluster = cluster
         self.settings: Settings = cluster.settings
         self.planner = planner
-        self.view = view
+        self.hooks = hooks
+        self.counts = Counts(n_ops=len(planner.ops))
         self.ledger = Ledger(out_dir)
         self.redis = connections.broker_client(self.settings, socket_timeout=5, socket_connect_timeout=5)
         self.announcements = ResultWakeups(self.redis)
-        # The observer names the output in its progress record (str of it): a URL string is fine.
-        self.observer = RunObserver(
-            cast(Path, out_dir), self.settings.run_metrics_port, self.settings.metrics_bind
-        )
         self._specs: Iterator[ShardSpec] = PlanReader(out_dir, planner).specs()
         self._taken = 0  # shards (all ops of each) taken from the plan so far
         self._next: ShardSpec | None = None
@@ -246,12 +242,13 @@ class CorpusDriver:
         """Until every shard file exists: keep a window of shards in flight, resubmit late ones."""
         self.ledger.scan_finished()
         announced: list[ShardResult] = []
-        self.observer.start()
+        self.hooks.run_started()
         try:
             while not self._all_done():
-                if not self.announcements.listening and self.planner.header is not None:
+                header = self.planner.progress().header
+                if not self.announcements.listening and header is not None:
                     # Before looking: no announcement falls in between.
-                    self.announcements.follow([keys.SHARDS_DONE_CHANNEL.format(run=self.planner.header.run)])
+                    self.announcements.follow([keys.SHARDS_DONE_CHANNEL.format(run=header.run)])
                 try:
                     self._step(announced)
                     self._redis_down_since = None
@@ -267,7 +264,7 @@ class CorpusDriver:
                     announced = [_shard_result(data) for _, data in heard]
         finally:
             self.announcements.close()
-            self.observer.finished(self.redis)
+            self.hooks.run_ended()
             self.redis.close()
 
     def _all_done(self) -> bool:
@@ -277,12 +274,13 @@ class CorpusDriver:
         now = time.monotonic()
         if self._redis_down_since is None:
             self._redis_down_since = now
-            self.view.message(f"{what} unreachable ({type(exc).__name__}); waiting for it to come back…")
+            self.hooks.message(f"{what} unreachable ({type(exc).__name__}); waiting for it to come back…")
         time.sleep(min(5.0, 0.5 + (now - self._redis_down_since) / 4))
 
     def _step(self, announced: list[ShardResult]) -> None:
-        if self.planner.error is not None:
-            raise self.planner.error
+        error = self.planner.progress().error
+        if error is not None:
+            raise error
         self.cluster.check(self.redis)
         self._collect(announced)
         window = self._window()
@@ -297,7 +295,8 @@ class CorpusDriver:
     def _peek(self) -> ShardSpec | None:
         """The plan's next (shard, op), if the planner has written it; None when none is ready."""
         if self._next is None and not self._plan_read:
-            if not (self.planner.done or self._taken < self.planner.planned):
+            plan = self.planner.progress()
+            if not (plan.done or self._taken < plan.planned):
                 return None
             self._next = next(self._specs, None)
             self._plan_read = self._next is None
@@ -368,7 +367,7 @@ class CorpusDriver:
         for item in verdict.running:
             item.seen_running = now
         for item in verdict.resend:
-            self.view.message(
+            self.hooks.message(
                 f"shard {item.spec.name} not done after {now - item.submitted:.0f} s "
                 f"(deadline {attempt_deadline_s(base, item.attempts):.0f} s); submitting it again"
             )
@@ -386,7 +385,7 @@ class CorpusDriver:
             self._give_up(item)
             return
         self.ledger.resubmitted += 1
-        self.observer.resubmitted()
+        self.hooks.shard_resubmitted(item.spec)
         self._submit(item.spec, item)
 
     def _give_up(self, item: InFlight) -> None:
@@ -407,7 +406,7 @@ class CorpusDriver:
             raise RunError(f"{message}, and its given-up file cannot be written: {exc.message}") from None
         del self.ledger.inflight[spec.name]
         self.ledger.given_up += 1
-        self.view.message(f"{message}: its utterances are {code} failures in errors.jsonl")
+        self.hooks.message(f"{message}: its utterances are {code} failures in errors.jsonl")
         failed = len(spec.utts) or 1  # a tar shard: one row, the tar
         self._count_done(spec, ShardResult(spec.shard, spec.op, str(path), 0, failed, 0.0, 0.0), path)
 
@@ -421,12 +420,12 @@ class CorpusDriver:
         """Add one finished shard to the progress counts (a resumed one: its utterances only);
         `file`: its file, when not the shard file (a shard given up)."""
         self.ledger.done += 1
-        counts = self.view.counts
+        counts = self.counts
         units = 1 if spec.tar else len(spec.utts)  # a tar counts as one until its rows are known
         counts.units_done += units
         if resumed:
             counts.units_resumed += units
-            self.observer.shard_resumed(spec)
+            self.hooks.shard_resumed(spec)
             return
         self.ledger.done_now += 1
         if result is None:  # its announcement was lost: the file has the counts
@@ -436,19 +435,16 @@ class CorpusDriver:
             counts.tar_utterances += result.ok + result.failed
         counts.audio_done_s += result.audio_seconds
         counts.failed[spec.op] = counts.failed.get(spec.op, 0) + result.failed
-        # A URL shard file goes to the observer as it is: it reads it through read_shard.
-        shard_file = cast(Path, file or self.ledger.file_of(spec))
-        self.observer.shard_done(spec, result.ok, result.failed, result.audio_seconds, shard_file)
+        self.hooks.shard_done(spec, result, file or self.ledger.file_of(spec))
 
     def _show_progress(self) -> None:
-        counts = self.view.counts
-        if self.planner.header is not None and self.planner.header.tars:
+        counts, plan = self.counts, self.planner.progress()
+        if plan.header is not None and plan.header.tars:
             counts.unit = "tars"
-        if self.planner.done and self.planner.error is None:
-            counts.units_total = self.planner.utterances * len(self.planner.ops)
-            counts.audio_total_s = self.planner.listed_audio_s
-        self.view.update()
-        self.observer.round(self.redis, counts, len(self.ledger.inflight), self.planner)
+        if plan.done and plan.error is None:
+            counts.units_total = plan.utterances * len(plan.ops)
+            counts.audio_total_s = plan.listed_audio_s
+        self.hooks.round_ended(RunRound(counts.snapshot(), len(self.ledger.inflight), plan))
 
 
 def _shard_result(data: Any) -> ShardResult:

@@ -2,7 +2,7 @@
 
 `DIR/plan/` holds it, in files that are each written once, complete or absent (DIR may be a
 prefix in an object store, `s3://bucket/run/`: each file is then one object, one PUT; see
-`pipeline.storage.OutputLocation`):
+`pipeline.storage.locations.OutputLocation`):
 
 - `header.json`: the input, the ops, the shard size asked for and the one used, the run's name,
   and the ops its tasks run when not those (`tasks`: both ops as one `extract` task, `task_ops`);
@@ -11,12 +11,12 @@ prefix in an object store, `s3://bucket/run/`: each file is then one object, one
   than 32 utterances, about `CHUNK_UTTERANCES` in all) and, in its metadata, each shard's digest;
 - `complete.json`: written once the whole listing was read without a problem: the counts, the
   fingerprint (the header's fields and every shard's digest) and, for a local Kaldi dir or
-  manifest, the digest of its files (`pipeline.corpus.listing_digest`): a resume of a complete
+  manifest, the digest of its files (`pipeline.corpus.digest.listing_digest`): a resume of a complete
   plan whose listing files are unchanged takes the plan as it is, without reading the listing.
 
-A `Planner` works in a thread: it looks at the whole listing first (`pipeline.listing_check`:
+A `Planner` works in a thread: it looks at the whole listing first (`pipeline.corpus.check`:
 a listing with a problem is refused before any shard is planned, so before any runs), then reads
-it, cuts it into shards by count in listing order (`pipeline.corpus.ShardCutter`; the header's
+it, cuts it into shards by count in listing order (`pipeline.corpus.sharding.ShardCutter`; the header's
 shard size, chosen once from the first utterances and kept by every resume), and writes chunk
 after chunk; the driver takes the shards of the
 chunks written so far (`PlanReader`), so the first shards go out while the rest of the listing
@@ -53,22 +53,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.corpus import (
-    CorpusError,
-    CorpusListing,
+from pipeline.corpus.digest import listing_digest
+from pipeline.corpus.listing import CorpusError, CorpusListing
+from pipeline.corpus.reading import Source, as_source
+from pipeline.corpus.sharding import (
     ShardCutter,
-    Source,
-    as_source,
     auto_shard_size,
     check_ops,
-    listing_digest,
     shard_digest,
     shard_size_for_durations,
 )
 from pipeline.errors import RUN_ERROR, VoxmillError
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
-from pipeline.storage import OutputLocation, location_name, output_location
+from pipeline.storage.locations import OutputLocation, location_name, output_location
 
 PLAN_DIR = "plan"
 HEADER_FILE = "header.json"
@@ -209,7 +207,7 @@ class StoreLock:
         self._local = _flock(self.state / LOCK_FILE, busy)
         try:
             self._check_marker()
-            from pipeline.writers import write_text_at
+            from pipeline.outputs.writers import write_text_at
 
             write_text_at(self.out, STORE_LOCK_OBJECT, self._record())
             time.sleep(0.2)  # a racing run that wrote after us wins: look once more
@@ -241,7 +239,7 @@ class StoreLock:
             )
 
     def _refresh(self) -> None:
-        from pipeline.writers import write_text_at
+        from pipeline.outputs.writers import write_text_at
 
         while not self._stop.wait(LOCK_REFRESH_S):
             try:
@@ -296,6 +294,19 @@ def different_run(out_dir: Path | str) -> RunError:
         f"{out_dir} holds a run of a different corpus, ops or shard size; "
         "use another --out folder, or delete this one to start over"
     )
+
+
+@dataclass(frozen=True)
+class PlanProgress:
+    """The planner's progress at one moment (`Planner.progress`)."""
+
+    header: PlanHeader | None  # the run's name and source once written; None before
+    ops: tuple[str, ...]  # the ops its shard tasks run
+    planned: int  # shards planned so far, each with every op
+    done: bool  # the whole listing is planned (or planning stopped)
+    utterances: int  # utterances in the listing, once `done`
+    listed_audio_s: float | None  # their audio, when the listing gives durations
+    error: RunError | None = None  # what stopped the planning, if anything did
 
 
 class Planner:
@@ -366,6 +377,19 @@ class Planner:
     def join(self) -> None:
         self._thread.join()
 
+    def progress(self) -> PlanProgress:
+        """What the plan holds now, as a snapshot (the planning thread goes on changing this)."""
+        with self._changed:
+            return PlanProgress(
+                header=self.header,
+                ops=tuple(self.ops),
+                planned=self.planned,
+                done=self.done,
+                utterances=self.utterances,
+                listed_audio_s=self.listed_audio_s,
+                error=self.error,
+            )
+
     # -- the planning thread -------------------------------------------------------------------
     def _plan(self) -> None:
         try:
@@ -387,7 +411,7 @@ class Planner:
         digest = listing_digest(self.source)  # before reading: a change meanwhile shows next time
         if self.header is not None and digest is not None and self._adopt_finished_plan(digest):
             return
-        from pipeline.listing_check import check_listing  # numpy: imported once the workers are spawned
+        from pipeline.corpus.check import check_listing  # numpy: imported once the workers are spawned
 
         check_listing(self.source, self.max_text_chars)  # every problem, before the first shard is planned
         listing = CorpusListing(self.source, max_text_chars=self.max_text_chars)
@@ -460,7 +484,7 @@ class Planner:
             self.ops,
             max(1, min(SHARDS_PER_CHUNK, CHUNK_UTTERANCES // size)),
         )
-        from pipeline.writers import write_text_at
+        from pipeline.outputs.writers import write_text_at
 
         write_text_at(self.plan, HEADER_FILE, json.dumps(header.to_dict(), indent=1) + "\n")
         self.header = header
@@ -501,7 +525,7 @@ class Planner:
     def _write_complete(self, listing_digest: str | None) -> None:
         """`complete.json`; on a resume, the check that the listing planned the same (its record of
         the listing's files is brought up to date: the listing was just read in full)."""
-        from pipeline.writers import write_text_at
+        from pipeline.outputs.writers import write_text_at
 
         record = {
             "shards": self.planned,
@@ -534,7 +558,7 @@ def write_chunk(
 ) -> None:
     import pyarrow as pa
 
-    from pipeline.writers import write_table_at
+    from pipeline.outputs.writers import write_table_at
 
     rows = [(first_shard + i, u) for i, utts in enumerate(shards) for u in utts]
     table = pa.table(

@@ -78,7 +78,7 @@ def run_checks(settings: Settings) -> list[Check]:
     """Every check: software and providers, each model file, the broker, roots and cache, memory."""
     import onnxruntime as ort
 
-    from pipeline.registry import Registry
+    from pipeline.models.registry import Registry
 
     available = list(ort.get_available_providers())
     checks = [python_check(), *package_checks()]
@@ -227,7 +227,7 @@ def library_report(
     provider: str, find: Callable[[str], str | None] = find_shared_library
 ) -> tuple[str, list[str]]:
     """`cudart found, cudnn missing, ...` for the libraries `provider` needs, and the missing ones."""
-    from pipeline.providers import REQUIRED_LIBRARIES
+    from pipeline.models.providers import REQUIRED_LIBRARIES
 
     parts, missing = [], []
     for lib in REQUIRED_LIBRARIES.get(provider, ()):
@@ -275,8 +275,8 @@ def ort_message(text: str) -> str:
 
 def provider_checks(settings: Settings, available: Sequence[str]) -> list[Check]:
     """What serves for the requested provider, and whether each GPU provider really starts."""
-    from pipeline.host import detect_versions
-    from pipeline.providers import (
+    from pipeline.models.host import detect_versions
+    from pipeline.models.providers import (
         CPU,
         CUDA,
         GPU_INSTALL_HINT,
@@ -416,7 +416,8 @@ def check_model_file(
     role: str, path: Path, registry: Any, settings: Settings, available: Sequence[str]
 ) -> tuple[ModelFile | None, list[Check]]:
     """One file: readable and no git-lfs pointer, IR/opsets, signature, variant, TensorRT engine."""
-    from pipeline.sessions import check_signature, hash_model_file
+    from pipeline.models.files import hash_model_file
+    from pipeline.models.signature import check_signature
 
     try:
         sha256 = hash_model_file(path)  # refuses an empty file or a git-lfs pointer by name
@@ -518,8 +519,8 @@ def variant_check(registry: Any, role: str, path: Path, sha256: str) -> Check:
 
 def engine_checks(role: str, sha256: str, settings: Settings, available: Sequence[str]) -> list[Check]:
     """With TensorRT installed and asked for: an engine for this model, GPU, versions and precision."""
-    from pipeline.engines import engine_status
-    from pipeline.providers import ProviderOptions, uses_tensorrt
+    from pipeline.models.engines import engine_status
+    from pipeline.models.providers import ProviderOptions, uses_tensorrt
 
     if not uses_tensorrt(settings.provider, available):
         return []
@@ -669,7 +670,7 @@ def root_checks(settings: Settings) -> list[Check]:
 
 def cache_check(settings: Settings) -> Check:
     """The optimized-model cache folder: this user's and writable by nobody else, or ignored."""
-    from pipeline.model_cache import untrusted_reason
+    from pipeline.models.cache import untrusted_reason
 
     folder = settings.model_cache_dir
     if not settings.model_cache:

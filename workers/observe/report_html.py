@@ -402,7 +402,7 @@ def _progress(
 
 def write_report(out_dir: Path, html_file: Path) -> Path:
     """`voxmill report OUT --html FILE`: load the run's data, render, write (atomically)."""
-    from pipeline.writers import write_text
+    from pipeline.outputs.writers import write_text
 
     write_text(Path(html_file), render_html(load_report_data(Path(out_dir))))
     return Path(html_file)

@@ -15,8 +15,8 @@ Series (all prefixed `voxmill_run_`, one run per endpoint):
   `failures_total{op, code}` (this run's, as the workers measured them)
 - `shards_in_flight`, `shards_resubmitted_total`, `eta_seconds` (NaN while unknown)
 
-`RunObserver` is what the driver holds: it turns the driver's events (a shard done or found done,
-a shard submitted again, a round) into both.
+`RunObserver` is one of the run's hooks (`workers.corpus.hooks`): it turns what the driver tells
+(a shard done or found done, a shard sent again, a round) into both.
 """
 
 from __future__ import annotations
@@ -30,16 +30,14 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import redis
 
+from pipeline.records import ShardResult, ShardSpec
 from workers import keys
+from workers.corpus.hooks import Counts, RunHooks, RunRound
 from workers.corpus.plan import RunError
-
-if TYPE_CHECKING:
-    from pipeline.records import ShardSpec
-    from workers.corpus.progress import Counts
 
 # JSON record of one driver's run; expires unless the driver writes it again.
 RUN_PROGRESS = keys.RUN_PROGRESS
@@ -174,18 +172,9 @@ class RunMetrics(NoRunMetrics):
             self._server = None
 
 
-class PlanView(Protocol):
-    """What the observer reads of the driver's planner (`workers.corpus.plan.Planner`)."""
-
-    header: Any  # `.run` and `.source` once written; None before
-    ops: list[str]
-    planned: int  # shards planned so far, each with every op
-    done: bool  # the whole listing is planned
-
-
-def failures_by_code(shard_file: Path) -> dict[str, int]:
+def failures_by_code(shard_file: Path | str) -> dict[str, int]:
     """How many of a shard file's rows failed with each error code."""
-    from pipeline.writers import read_shard
+    from pipeline.outputs.writers import read_shard
 
     codes = read_shard(shard_file).column("error_code").to_pylist()
     return dict(collections.Counter(code for code in codes if code is not None))
@@ -204,7 +193,12 @@ def eta_seconds(counts: Counts) -> float | None:
 
 
 def progress_record(
-    header: Any, out_dir: Path, counts: Counts, shards: Mapping[str, Any], eta_s: float | None, started: float
+    header: Any,
+    out_dir: Path | str,
+    counts: Counts,
+    shards: Mapping[str, Any],
+    eta_s: float | None,
+    started: float,
 ) -> dict[str, Any]:
     """What `voxmill status` shows of a run: where it reads and writes, how far it is, its ETA.
 
@@ -254,23 +248,22 @@ def runs_in_progress(client: redis.Redis) -> list[dict[str, Any]]:
     return sorted(runs, key=lambda r: (r.get("started", 0.0), r.get("run", "")))
 
 
-class RunObserver:
-    """What a corpus driver tells the outside world: `RunMetrics` and its record on the broker.
-
-    The driver calls `start` before its loop, `shard_done` for every shard of this run it counts,
-    `shard_resumed` for every shard an earlier run did, `resubmitted` for every shard sent again,
-    `round` after every round and `finished` at the end. The broker record is best effort: a
-    broker outage is the driver's business, never the observer's.
+class RunObserver(RunHooks):
+    """A corpus run as the outside world sees it: `RunMetrics` and its record on the broker, kept
+    from the driver's hooks (`workers.corpus.hooks.RunHooks`). The broker record is best effort:
+    a broker outage is the driver's business, never the observer's.
     """
 
     def __init__(
         self,
-        out_dir: Path,
+        out_dir: Path | str,
+        client: redis.Redis | None,
         metrics_port: int | None = None,
         metrics_addr: str = "127.0.0.1",
         ttl_s: int = RUN_PROGRESS_TTL_S,
     ) -> None:
         self.out_dir = out_dir
+        self.client = client
         self.metrics: NoRunMetrics = RunMetrics() if metrics_port else NoRunMetrics()
         self.metrics_port = metrics_port
         self.metrics_addr = metrics_addr
@@ -282,7 +275,7 @@ class RunObserver:
         self.run: str | None = None
         self._published_at = -math.inf
 
-    def start(self) -> None:
+    def run_started(self) -> None:
         """Serve the metrics port, if any; `RunMetricsPortError` when it cannot be served."""
         if not self.metrics_port:
             return
@@ -293,57 +286,57 @@ class RunObserver:
                 f"cannot serve the run's metrics on port {self.metrics_port}: {exc.strerror or exc}"
             ) from None
 
-    def shard_done(self, spec: ShardSpec, ok: int, failed: int, audio_s: float, shard_file: Path) -> None:
-        """A shard of this run has its file (`audio_s` as the workers measured it)."""
+    def shard_done(self, spec: ShardSpec, result: ShardResult, shard_file: Path | str) -> None:
         self.shards_done += 1
+        failed = result.failed
         codes = failures_by_code(shard_file) if failed and self.metrics.enabled else {}
-        self.metrics.shard_done(spec.op, ok, failed, audio_s, codes)
+        self.metrics.shard_done(spec.op, result.ok, failed, result.audio_seconds, codes)
 
     def shard_resumed(self, spec: ShardSpec) -> None:
-        """A shard whose file an earlier run of the same folder wrote."""
         self.shards_resumed += 1
         self.metrics.shard_resumed(spec.op, len(spec.utts))
 
-    def resubmitted(self) -> None:
+    def shard_resubmitted(self, spec: ShardSpec) -> None:
         self.resubmits += 1
         self.metrics.resubmitted()
 
-    def round(self, client: redis.Redis, counts: Counts, in_flight: int, plan: PlanView) -> None:
-        """After a round: the plan's size, shards in flight, the ETA, and (at most once a second)
-        the broker record, once the plan has a header (the run's name)."""
+    def round_ended(self, now: RunRound) -> None:
+        """The plan's size, shards in flight, the ETA, and (at most once a second) the broker
+        record, once the plan has a header (the run's name)."""
+        counts, plan = now.counts, now.plan
         eta_s = eta_seconds(counts)
         n_ops = max(len(plan.ops), 1)
         for op in plan.ops:
             utts = None if counts.units_total is None else counts.units_total // n_ops
             self.metrics.planned(op, plan.planned, utts, counts.audio_total_s)
         self.metrics.plan_complete(plan.done)
-        self.metrics.in_flight(in_flight)
+        self.metrics.in_flight(now.in_flight)
         self.metrics.eta(eta_s)
         header = plan.header
         if header is not None and self.run != header.run:
             self.run = header.run
             self.metrics.identify(header.run, str(header.source))
-        now = time.monotonic()
-        if header is None or now - self._published_at < RUN_PUBLISH_EVERY_S:
+        moment = time.monotonic()
+        if header is None or self.client is None or moment - self._published_at < RUN_PUBLISH_EVERY_S:
             return
         shards = {
             "planned": plan.planned * n_ops,
             "plan_complete": plan.done,
             "done": self.shards_done + self.shards_resumed,
             "done_before": self.shards_resumed,
-            "in_flight": in_flight,
+            "in_flight": now.in_flight,
             "resubmitted": self.resubmits,
         }
         record = progress_record(header, self.out_dir, counts, shards, eta_s, self.started_at)
         try:
-            publish_run_progress(client, header.run, record, self.ttl_s)
-            self._published_at = now
+            publish_run_progress(self.client, header.run, record, self.ttl_s)
+            self._published_at = moment
         except redis.RedisError:
             pass  # the next round writes it again; the driver itself reports the outage
 
-    def finished(self, client: redis.Redis) -> None:
-        """The run is over (done or stopped): drop its record and stop serving."""
+    def run_ended(self) -> None:
+        """Drop the run's record and stop serving."""
         self.metrics.close()
-        if self.run is not None:
+        if self.run is not None and self.client is not None:
             with contextlib.suppress(redis.RedisError):  # else it expires within the TTL
-                clear_run_progress(client, self.run)
+                clear_run_progress(self.client, self.run)

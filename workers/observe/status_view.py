@@ -89,7 +89,7 @@ def _role_block(role: str, info: dict[str, Any], console: Console, now: float) -
 
 def _run_block(run: dict[str, Any], console: Console, now: float) -> None:
     """One corpus run its driver reports: where from and to, how far, the ETA."""
-    from workers.corpus.progress import audio_amount
+    from pipeline.units import audio_amount
 
     console.print(f"  {escape(str(run.get('input', '')))} -> {escape(str(run.get('out', '')))}")
     total, listed = run.get("utterances_total"), run.get("audio_total_s")

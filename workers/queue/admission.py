@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from workers.observe.logs import redact
+from pipeline.redaction import redact
 
 # What a worker decodes (kombu's names for Celery's `json` and `msgpack`): never pickle.
 CONTENT_TYPES = ("application/json", "application/x-msgpack")

@@ -58,7 +58,7 @@ from pipeline.errors import (
 )
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
-from pipeline.storage import is_url, mend_url
+from pipeline.storage.urls import is_url, mend_url
 from pipeline.units import format_bytes
 from workers import keys, tuning
 from workers.heartbeat import read_worker_records

@@ -26,7 +26,7 @@ from vine import promise as vine_promise
 
 from pipeline.settings import Settings
 from workers import keys
-from workers.observe.metrics import ConsumerMetrics, NoMetrics
+from workers.metrics import ConsumerMetrics, NoMetrics
 from workers.queue import admission, connections
 from workers.queue.admission import Admission, DeadLetter
 from workers.queue.app import SHARD_TASK, TASK_NAMES

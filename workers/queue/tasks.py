@@ -10,7 +10,7 @@ Payloads are JSON (or msgpack when they carry raw bytes):
   result the file cannot hold is stored as its utterance's `output_error`; a shard whose file
   cannot be written, or that meets an unexpected exception, is announced failed (`output_error`,
   `internal`), and the driver sends it again, up to `shard_max_attempts` times.
-Paths are confined to the allowed roots and URLs to the allowed URL prefixes (`pipeline.paths`).
+Paths are confined to the allowed roots and URLs to the allowed URL prefixes (`pipeline.storage.paths`).
 Bad input is a result with an error code. Only a missing model (still loading, or a failed load
 that a later generation may fix) is retried, with bounded backoff, and then is a `model_error`
 result. Each task's id is in its process's heartbeat record from its start until its result is
@@ -25,27 +25,47 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 from celery import Celery, Task
 
 from pipeline import errors
-from pipeline.audio import Segment
-from pipeline.errors import VoxmillError
+from pipeline.audio.decode import Segment
+from pipeline.errors import ModelUnavailable, VoxmillError
 from pipeline.inference import run_clip
-from pipeline.paths import ConfinedPath, Roots, resolve_allowed
+from pipeline.outputs.writers import shard_counts, shard_file_name, storable_results, write_shard
 from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult, Utterance
-from pipeline.storage import MAX_TEXT_CHARS, OutputLocation, check_length, output_location
-from pipeline.writers import shard_counts, shard_file_name, storable_results, write_shard
+from pipeline.storage.locations import OutputLocation, output_location
+from pipeline.storage.paths import ConfinedPath, Roots, resolve_allowed
+from pipeline.storage.urls import MAX_TEXT_CHARS, check_length
 from workers import keys
 from workers.queue.app import SHARD_TASK, TASK_NAMES
-from workers.reload.holder import ModelUnavailable
 
 if TYPE_CHECKING:
-    from workers.worker import WorkerProcess
+    from contextlib import AbstractContextManager
+
+    from pipeline.audio.vad import SpeechCheck
+    from pipeline.models.sessions import ModelSession
+    from pipeline.settings import AudioLimits, Settings
+    from workers.metrics import NoMetrics
 
 log = logging.getLogger("voxmill.tasks")
+
+
+class WorkerProcess(Protocol):
+    """What a task needs of the process that runs it (`workers.worker.WorkerProcess` is one): its
+    settings and limits, the roots it reads below, its speech check, metrics, Redis connection
+    (None without a broker) and the sessions of a task's models."""
+
+    settings: Settings
+    roots: Roots
+    limits: AudioLimits
+    speech: SpeechCheck
+    metrics: NoMetrics
+    redis: Any
+
+    def serving(self, roles: Sequence[str]) -> AbstractContextManager[dict[str, ModelSession]]: ...
 
 
 class MalformedCall:
@@ -228,8 +248,8 @@ def _tar_results(
 ) -> tuple[list[Utterance], list[TaskResult]]:
     """Every sample of the shard's tar, read as a stream: (what the tar held, their results). A
     tar that cannot be opened is one row, keyed by the tar, with the reason."""
-    from pipeline.storage import open_input
-    from pipeline.tars import iter_samples
+    from pipeline.corpus.tars import iter_samples
+    from pipeline.storage.objects import open_input
 
     limits = process.limits
     # A tar member is a file of the corpus: the file limit bounds it, not the raw-bytes job limit.

@@ -31,12 +31,12 @@ import redis
 from redis.client import PubSub
 
 from pipeline.errors import VoxmillError
-from pipeline.identity import FileIdentity
-from pipeline.registry import Registry
+from pipeline.models.identity import FileIdentity
+from pipeline.models.registry import Registry
 from pipeline.settings import Settings
 from workers import keys, tuning
 from workers.heartbeat import WorkerRecord, delete_worker_record, read_worker_records, write_worker_record
-from workers.observe.metrics import NoMetrics
+from workers.metrics import NoMetrics
 from workers.reload import generations
 from workers.reload.holder import ModelHolder
 from workers.reload.policy import (

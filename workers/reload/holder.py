@@ -23,20 +23,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import MODEL_ERROR, VoxmillError
+from pipeline.errors import ModelUnavailable
 from pipeline.inference import open_session
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
-from workers.observe.metrics import NoMetrics
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
+from workers.metrics import NoMetrics
 
 log = logging.getLogger("voxmill.holder")
-
-
-class ModelUnavailable(VoxmillError):
-    """A role this task needs has no loaded session in this process (yet)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(MODEL_ERROR, message)
 
 
 class ModelHolder:

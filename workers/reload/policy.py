@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pipeline.identity import FileIdentity
+from pipeline.models.identity import FileIdentity
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import VoxmillError
-from pipeline.registry import Registry
+from pipeline.models.registry import Registry
 from pipeline.settings import Settings
 from workers import tuning
 
@@ -58,7 +58,7 @@ def verdict_from(data: Any, exitcode: int | None) -> Validation:
 def validate_here(path: Path, role: str, settings: Settings) -> dict[str, Any]:
     """Open the session as a worker would; the verdict as a JSON-ready dict."""
     from pipeline.inference import open_session
-    from pipeline.sessions import SessionOptions
+    from pipeline.models.options import SessionOptions
 
     # One warm-up run checks what a validation must (the model runs, its outputs are finite),
     # whatever `warmup_runs` the workers use. A session run once gains nothing

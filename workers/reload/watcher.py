@@ -10,10 +10,10 @@ One watcher runs per model folder (per machine). What it does with a file:
    re-checked. A rescan every 2 s compares each role's file identity with the last one seen, which
    catches what events miss (network file systems, a symlinked model file whose blob changes).
 2. **Waits until it settles.** A role's file is a candidate once its identity (path, inode, size,
-   mtime, ctime: `pipeline.identity.FileIdentity`) held still for `watch_quiet_s` and, where the
+   mtime, ctime: `pipeline.models.identity.FileIdentity`) held still for `watch_quiet_s` and, where the
    platform reports it (inotify), its writer closed it; a file held open without writes for
    `watch_writing_max_s` settles anyway. It is hashed once, and with the optimized-model cache on
-   the sha256 is recorded for this machine (`pipeline.model_cache`, known hashes): the validator
+   the sha256 is recorded for this machine (`pipeline.models.cache`, known hashes): the validator
    and every worker loading the unchanged file take it from there instead of reading half a
    gigabyte again.
    A changed file is announced to the machine's workers as a candidate (`keys.CANDIDATE`) as
@@ -76,9 +76,10 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from pipeline.errors import VoxmillError
-from pipeline.identity import FileIdentity
-from pipeline.registry import Registry
-from pipeline.sessions import SessionOptions, hash_model_file
+from pipeline.models.files import hash_model_file
+from pipeline.models.identity import FileIdentity
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
 from pipeline.settings import Settings
 from workers import tuning
 from workers.reload import generations
@@ -526,7 +527,7 @@ def serve(settings: Settings) -> None:
     client = connections.broker_client(settings, socket_timeout=10, socket_connect_timeout=5)
     hooks = WatcherHooks()
     if settings.watcher_metrics_port:
-        from workers.observe import metrics
+        from workers import metrics
 
         hooks = MetricsHooks(metrics.WatcherMetrics())
         metrics.serve(settings.watcher_metrics_port, settings.metrics_bind)

@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.corpus import Source, corpus_roots
+from pipeline.audio.quality import QualityFilter
+from pipeline.corpus.reading import Source
+from pipeline.corpus.roots import corpus_roots
 from pipeline.errors import VoxmillError
-from pipeline.quality import QualityFilter
 from pipeline.settings import Settings
-from pipeline.storage import mend_url, output_location
+from pipeline.storage.locations import output_location
+from pipeline.storage.urls import mend_url
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
 from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, run_state_folder, task_ops
 from workers.heartbeat import WorkerRecord, read_worker_records
@@ -121,16 +123,26 @@ def run_corpus(
     that found every shard done and the outputs merged with the same filters returns the report
     it finds.
     """
-    from pipeline.merge import merge_outputs
+    from pipeline.outputs.merge import merge_outputs
     from workers.corpus.driver import CorpusDriver
-    from workers.corpus.progress import Counts, ProgressView
+    from workers.corpus.hooks import HookList
+    from workers.corpus.progress import ProgressView
+    from workers.observe.run_metrics import RunObserver
+    from workers.queue import connections
     from workers.queue.app import create_app
 
     started = time.monotonic() if started is None else started
-    app = create_app(cluster.settings, polled_results=True)
-    with ProgressView(Counts(n_ops=len(planner.ops)), quiet=quiet) as view:
-        driver = CorpusDriver(app, cluster, planner, out_dir, view)
+    settings = cluster.settings
+    app = create_app(settings, polled_results=True)
+    client = connections.broker_client(settings, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        # The observer names the output in its progress record (str of it): a URL string is fine.
+        observer = RunObserver(out_dir, client, settings.run_metrics_port, settings.metrics_bind)
+        hooks = HookList([ProgressView(len(planner.ops), quiet=quiet), observer])
+        driver = CorpusDriver(app, cluster, planner, out_dir, hooks)
         driver.run()
+    finally:
+        client.close()
     cluster.stop(completed=True)  # every shard file exists: nothing is in flight
     planner.join()
     if planner.error is not None:
@@ -155,9 +167,9 @@ def run_corpus(
 def current_model_sha256(settings: Settings, ops: Sequence[str]) -> dict[str, str]:
     """{role: sha256} of the models in `settings.model_dir` that `ops` need (what `--redo-mixed`
     calls current); `RunError` when one is missing."""
+    from pipeline.models.files import read_model_bytes, sha256_bytes
+    from pipeline.models.registry import Registry
     from pipeline.records import ROLES_BY_OP
-    from pipeline.registry import Registry
-    from pipeline.sessions import read_model_bytes, sha256_bytes
 
     registry = Registry.load()
     current: dict[str, str] = {}
@@ -173,7 +185,7 @@ def current_model_sha256(settings: Settings, ops: Sequence[str]) -> dict[str, st
 def drop_mixed_shards(out_dir: Path | str, current: dict[str, str]) -> list[str]:
     """Delete the shard files some of whose rows another model than `current` made, so that the
     next run redoes them with the current one; their names. A run that has not started yet has none."""
-    from pipeline.writers import SHARDS_DIR, made_by_other_models, read_shard, shard_sha256s
+    from pipeline.outputs.writers import SHARDS_DIR, made_by_other_models, read_shard, shard_sha256s
 
     out = output_location(mend_url(out_dir))
     dropped = []
@@ -198,7 +210,7 @@ def merged_report(
     written last)."""
     import json
 
-    from pipeline.writers import REPORT_FILE
+    from pipeline.outputs.writers import REPORT_FILE
 
     out = output_location(out_dir)
     try:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.host import HostInfo
+from pipeline.models.host import HostInfo
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"

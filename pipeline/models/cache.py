@@ -24,11 +24,11 @@ it while building the session from the source + `commit`; `prune` after a commit
 
 Known hashes: hashing the full tokenizer (half a gigabyte) is most of a cache hit's load. Once a
 process on this machine has hashed a model file, `remember_sha256` records its sha256 under the
-file's identity (`pipeline.identity.FileIdentity`: device, inode, size, modification and change
+file's identity (`pipeline.models.identity.FileIdentity`: device, inode, size, modification and change
 times). A later load of the same unchanged file (`known_sha256`: the watcher
 hashed it when it settled, so its validator, every worker's reload and every restart skip it)
 takes the sha256 from there; a file changed less than a second before it was opened is never
-recorded (`pipeline.sessions.RACY_MARGIN_NS`: file times tick coarsely). Writing the file in
+recorded (`pipeline.models.files.RACY_MARGIN_NS`: file times tick coarsely). Writing the file in
 place, renaming another over it or touching it changes the identity (the change time cannot be
 set back), so a changed file is always hashed again. The records live in `hashes/` under the
 same trust rules as the entries; the newest `KNOWN_HASHES_KEEP` are kept.
@@ -51,7 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pipeline.identity import FileIdentity
+from pipeline.models.identity import FileIdentity
 
 log = logging.getLogger("voxmill.model_cache")
 

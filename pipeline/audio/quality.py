@@ -8,7 +8,7 @@ Rules:
   measured after mixdown and resampling: for a 16 kHz mono source it counts the clipped source
   samples exactly; for other rates the resampler's ringing moves a few plateau samples below the
   level, so it reads slightly low.
-- `speech_s`, `speech_ratio`: from the speech detector (pipeline/vad.py), None when it did not run.
+- `speech_s`, `speech_ratio`: from the speech detector (pipeline/audio/vad.py), None when it did not run.
 - `source_rate_hz`, `source_channels`, `source_codec`: what the file header said (`Audio`).
 """
 
@@ -89,7 +89,7 @@ def clip_stats(
 class QualityFilter:
     """Which utterances a run leaves out of its features, by their quality statistics.
 
-    Applied when the shards are merged (`pipeline.merge`): changing it needs no re-extraction. A
+    Applied when the shards are merged (`pipeline.outputs.merge`): changing it needs no re-extraction. A
     statistic a clip does not have (no speech ratio with the speech check off) never filters it.
     """
 

@@ -10,12 +10,12 @@ which is the listing's order; a plan puts each utterance in one shard, so each (
 counted once. `report.json` is written last: once it exists, the outputs are whole.
 
 The output folder may be a local folder or a prefix in an object store
-(`pipeline.storage.OutputLocation`): each output is written whole to a temporary name (or
+(`pipeline.storage.locations.OutputLocation`): each output is written whole to a temporary name (or
 spooled locally and PUT as one object), so it is complete or absent either way. A tar shard's
 utterances are the rows of its file (what the tar held, in the tar's order); each op's file of
 one tar must list the same rows.
 
-A shard the driver gave up on has a given-up file (`pipeline.writers.given_up_file_name`) whose
+A shard the driver gave up on has a given-up file (`pipeline.outputs.writers.given_up_file_name`) whose
 every row failed: it stands for the shard (even beside a shard file a late attempt wrote after),
 so its utterances are counted failed and listed in errors.jsonl. A given-up tar shard, whose
 utterances no file named, is the tar's one row, or the rows another op's file of it holds.
@@ -37,11 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.audio.quality import STAT_FIELDS, QualityFilter
 from pipeline.errors import FILTERED, OUTPUT_ERROR, VoxmillError
-from pipeline.quality import STAT_FIELDS, QualityFilter
-from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, Utterance
-from pipeline.storage import OutputLocation, output_location
-from pipeline.writers import (
+from pipeline.outputs.writers import (
     EMBEDDING_OPS,
     ERRORS_FILE,
     GIVEN_UP_SUFFIX,
@@ -66,6 +64,8 @@ from pipeline.writers import (
     write_table_at,
     write_text_at,
 )
+from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, Utterance
+from pipeline.storage.locations import OutputLocation, output_location
 
 DEFAULT_BUFFER_ROWS = 65536
 

@@ -16,7 +16,7 @@ costs the candidate's depth, not the number of roots (an embedded `extract` may 
 A path longer than `max_chars` is `bad_request` before any path call (`os.path.realpath` copies
 the rest of the path at every '/', quadratic in a slash-heavy string).
 
-A URL (`s3://`, `gs://`, `http(s)://`) is judged by `pipeline.storage.check_url` against the URL
+A URL (`s3://`, `gs://`, `http(s)://`) is judged by `pipeline.storage.urls.check_url` against the URL
 prefixes among the roots: `.` and `..` removed, scheme and bucket equal, key prefix on a `/`.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, NOT_FOUND, UNREADABLE, VoxmillError
-from pipeline.storage import MAX_TEXT_CHARS, check_length, check_url, is_url
+from pipeline.storage.urls import MAX_TEXT_CHARS, check_length, check_url, is_url
 
 # How many roots a `forbidden_path` message lists before "and N more".
 ROOTS_IN_MESSAGES = 5

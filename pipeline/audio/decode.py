@@ -19,6 +19,9 @@
    beyond `max_amplitude` (1.0 is full scale) -> `out_of_range`; shorter than `min_duration_s`
    (judged on the original frames and rate) -> `too_short`; every sample 0 -> `empty`.
 
+Opening a source (step 1) is `pipeline.audio.sources`, its header (step 2)
+`pipeline.audio.header`; this module decodes and checks the samples.
+
 A `Segment` (Kaldi `segments`, lhotse supervisions) decodes only [start_s, end_s) of a recording:
 a seek, then the segment's frames; the duration limits judge the segment, not the recording, and
 `channel` picks one channel instead of the mean. A segment starting at or after the recording's
@@ -27,69 +30,54 @@ end is `empty`; an end past it is clamped (Kaldi's segments often run a few ms o
 
 from __future__ import annotations
 
-import io
 import math
-import os
-import stat
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import soundfile as sf
 import soxr
 
+from pipeline.audio.header import (
+    AUDIOREAD_FORMAT,
+    SAMPLE_BYTES,
+    AudioInfo,
+    budget_frames,
+    check_decode_budget,
+    check_not_too_long,
+    check_rate,
+    codec_name,
+    decoder_reason,
+    probe,
+    probe_header,
+)
+from pipeline.audio.sources import Opened, Source, open_source
 from pipeline.errors import (
     BAD_REQUEST,
     EMPTY,
     NON_FINITE,
-    NOT_FOUND,
     OUT_OF_RANGE,
     TOO_LARGE,
     TOO_LONG,
     TOO_SHORT,
     UNREADABLE,
-    UNSUPPORTED_RATE,
     VoxmillError,
 )
-from pipeline.paths import ConfinedPath, open_confined
 from pipeline.settings import AudioLimits
-from pipeline.storage import fetch_checked, is_url
 from pipeline.units import format_bytes, format_duration
 
 TARGET_RATE_HZ = 16000
 # soxr recipe. Against torchaudio's sinc resampler both 'HQ' and 'VHQ' agree to > 45 dB below
 # 6 kHz and differ only in torchaudio's wide transition band; 'HQ' lands marginally nearer.
 RESAMPLE_QUALITY = "HQ"
-# `AudioInfo.format` of a clip that only the audioread fallback could open.
-AUDIOREAD_FORMAT = "audioread"
 
 FloatArray = npt.NDArray[np.float32]
-# A ConfinedPath (a worker's job or utterance) is opened without a window (`pipeline.paths`).
-Source = str | Path | bytes | ConfinedPath
 
 # Decoded float32 per block: each block is checked and mixed down before the next is read.
 DECODE_BLOCK_BYTES = 4 * 1024 * 1024
-_SAMPLE_BYTES = 4  # a decoded sample is float32
-
-_SNIFF_BYTES = 512
-_PAYLOAD_NAME = "payload"
-
-
-@dataclass(frozen=True)
-class AudioInfo:
-    """What the file header says, read without decoding the samples."""
-
-    sample_rate_hz: int
-    channels: int
-    frames: int
-    duration_s: float
-    format: str
-    subtype: str
 
 
 @dataclass(frozen=True)
@@ -122,43 +110,7 @@ class Segment:
     channel: int | None = None
 
 
-@dataclass
-class _Opened:
-    """An open source: the stream to decode, a name for messages and, for paths, the path.
-
-    `sound`: libsndfile's handle, opened once for the header and kept for the decode.
-    """
-
-    stream: BinaryIO
-    name: str
-    path: Path | None
-    sound: sf.SoundFile | None = None
-
-    def soundfile(self) -> sf.SoundFile:
-        """libsndfile's handle on the stream (sf.SoundFileError or RuntimeError when it refuses it)."""
-        if self.sound is None:
-            self.stream.seek(0)
-            if self.path is None:
-                self.sound = sf.SoundFile(self.stream)
-            else:  # a regular file: libsndfile reads its descriptor itself, not through Python calls
-                fd = self.stream.fileno()
-                os.lseek(fd, 0, os.SEEK_SET)
-                self.sound = sf.SoundFile(fd, closefd=False)
-        return self.sound
-
-    def close(self) -> None:
-        if self.sound is not None:
-            self.sound.close()
-            self.sound = None
-
-
 # --------------------------------------------------------------------------- public API
-
-
-def probe_audio(source: Source, limits: AudioLimits) -> AudioInfo:
-    """Check a path or bytes up to the header (size, format, rate, duration); decode nothing."""
-    with _open_source(source, limits) as opened:
-        return _probe(opened, limits)
 
 
 def load_audio(
@@ -174,9 +126,9 @@ def load_audio(
     checks, mixdown) and `resample` entries.
     """
     started = time.perf_counter()
-    with _open_source(source, limits) as opened:
+    with open_source(source, limits) as opened:
         if segment is None:
-            info = _probe(opened, limits)
+            info = probe(opened, limits)
             mixed = _decode(opened, info, limits)
         else:
             info, mixed = _decode_segment(opened, limits, segment)
@@ -192,11 +144,6 @@ def load_audio(
     return Audio(
         samples=samples, source_rate_hz=info.sample_rate_hz, channels=info.channels, codec=codec_name(info)
     )
-
-
-def codec_name(info: AudioInfo) -> str:
-    """`format/subtype` of a probed header (`Audio.codec`)."""
-    return AUDIOREAD_FORMAT if info.format == AUDIOREAD_FORMAT else f"{info.format}/{info.subtype}"
 
 
 def _add_ms(timings_ms: dict[str, float], stage: str, started: float, ended: float) -> None:
@@ -241,250 +188,6 @@ def check_samples(samples: FloatArray, limits: AudioLimits) -> None:
     non_finite, peak = _scan(samples)
     _check_frames(len(samples), non_finite, peak, TARGET_RATE_HZ, limits)
     _check_not_silent(samples)
-
-
-# --------------------------------------------------------------------------- opening sources
-
-
-@contextmanager
-def _open_source(source: Source, limits: AudioLimits) -> Iterator[_Opened]:
-    """Yield a seekable stream over a checked path or payload; closes what it opened."""
-    with _open_stream(source, limits) as opened:
-        try:
-            yield opened
-        finally:
-            opened.close()
-
-
-@contextmanager
-def _open_stream(source: Source, limits: AudioLimits) -> Iterator[_Opened]:
-    if isinstance(source, bytes | bytearray):
-        _check_payload(bytes(source), limits)
-        yield _Opened(io.BytesIO(source), _PAYLOAD_NAME, None)
-        return
-    if isinstance(source, str) and is_url(source):
-        with _open_url(source, limits) as stream:
-            yield _Opened(stream, source, None)
-        return
-    if isinstance(source, ConfinedPath):
-        stream = _open_regular_file(source, limits)
-        with stream:
-            # audioread (the fallback decoder) opens a path by itself: give it the descriptor's
-            # name under /proc, which reaches the file opened here and nothing else.
-            yield _Opened(stream, str(source), _descriptor_path(stream.fileno()))
-        return
-    path = Path(source)
-    stream = _open_regular_file(path, limits)
-    with stream:
-        yield _Opened(stream, str(path), path)
-
-
-def _open_url(url: str, limits: AudioLimits) -> BinaryIO:
-    """A stream over an object whose size is checked like a file's before its bytes are read."""
-    size, stream = fetch_checked(url, limits.max_file_bytes)
-    if size == 0:
-        raise VoxmillError(EMPTY, f"{url} is empty (0 bytes)")
-    if stream is None:
-        raise VoxmillError(
-            TOO_LARGE, f"object is {format_bytes(size)}; the limit is {format_bytes(limits.max_file_bytes)}"
-        )
-    return stream
-
-
-def _check_payload(payload: bytes, limits: AudioLimits) -> None:
-    """Refuse an empty payload or one over `max_payload_bytes`."""
-    if not payload:
-        raise VoxmillError(EMPTY, "payload is empty (0 bytes)")
-    if len(payload) > limits.max_payload_bytes:
-        size, limit = format_bytes(len(payload)), format_bytes(limits.max_payload_bytes)
-        raise VoxmillError(TOO_LARGE, f"payload is {size}; the limit is {limit}")
-
-
-def _open_regular_file(source: Path | ConfinedPath, limits: AudioLimits) -> BinaryIO:
-    """Open `source` for reading after a stat shows a regular, non-empty file within the size
-    limit: `os.stat` for a plain path, the walk's `lstat` for a `ConfinedPath`, which is opened
-    from its root without following a symlink (`pipeline.paths.open_confined`)."""
-    path = source.path if isinstance(source, ConfinedPath) else source
-    if isinstance(source, ConfinedPath):
-        fd = open_confined(source, lambda st: _check_file_stat(st, path, limits))
-    else:
-        _check_file_stat(_stat(path), path, limits)
-        # O_NONBLOCK: if the path was swapped for a FIFO after the stat, open still returns at
-        # once, and the fstat below refuses it; for regular files the flag changes nothing.
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError as exc:  # removed since the stat
-            raise VoxmillError(NOT_FOUND, f"no such file: {path}") from exc
-        except OSError as exc:
-            raise VoxmillError(UNREADABLE, f"cannot open {path}: {exc.strerror or exc}") from exc
-    try:
-        _check_file_stat(os.fstat(fd), path, limits)
-    except BaseException:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "rb")
-
-
-def _descriptor_path(fd: int) -> Path | None:
-    """A name that opens exactly the file behind `fd` (this process's /proc entry, which a
-    decoder's subprocess may open too); None where there is no /proc."""
-    name = Path(f"/proc/{os.getpid()}/fd/{fd}")
-    return name if os.path.exists(name) else None
-
-
-def _stat(path: Path) -> os.stat_result:
-    """`os.stat` with its failures turned into voxmill errors."""
-    try:
-        return os.stat(path)
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        raise VoxmillError(NOT_FOUND, f"no such file: {path}") from exc
-    except ValueError as exc:  # embedded NUL byte
-        raise VoxmillError(BAD_REQUEST, f"invalid path {str(path)!r}: {exc}") from exc
-    except OSError as exc:
-        raise VoxmillError(UNREADABLE, f"cannot read {path}: {exc.strerror or exc}") from exc
-
-
-def _check_file_stat(st: os.stat_result, path: Path, limits: AudioLimits) -> None:
-    """Refuse directories, non-regular files, empty files and files over `max_file_bytes`."""
-    if stat.S_ISDIR(st.st_mode):
-        raise VoxmillError(UNREADABLE, f"{path} is a directory, not an audio file")
-    if not stat.S_ISREG(st.st_mode):
-        raise VoxmillError(UNREADABLE, f"{path} is not a regular file ({_file_kind(st.st_mode)})")
-    if st.st_size == 0:
-        raise VoxmillError(EMPTY, f"{path} is empty (0 bytes)")
-    if st.st_size > limits.max_file_bytes:
-        raise VoxmillError(
-            TOO_LARGE,
-            f"file is {format_bytes(st.st_size)}; the limit is {format_bytes(limits.max_file_bytes)}",
-        )
-
-
-def _file_kind(mode: int) -> str:
-    """A word for a non-regular file type."""
-    kinds = (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((word for test, word in kinds if test(mode)), "not a plain file")
-
-
-# --------------------------------------------------------------------------- header
-
-
-def _probe(opened: _Opened, limits: AudioLimits) -> AudioInfo:
-    """Read the header (libsndfile, else audioread for paths) and check rate, duration and the
-    decode's size."""
-    info = _probe_header(opened)
-    _check_rate(info.sample_rate_hz, limits)
-    _check_not_too_long(info.duration_s, limits)
-    _check_decode_budget(info, info.frames, limits)
-    return info
-
-
-def _probe_header(opened: _Opened) -> AudioInfo:
-    """Header of the stream via libsndfile; for paths, audioread when libsndfile refuses it."""
-    try:
-        sound = opened.soundfile()
-    except (sf.SoundFileError, RuntimeError) as exc:
-        reason = _decoder_reason(exc)
-        if opened.path is not None:
-            fallback = _probe_with_audioread(opened.path)
-            if isinstance(fallback, AudioInfo):
-                return fallback
-            reason = f"{reason}; {fallback}"
-        raise VoxmillError(UNREADABLE, _unrecognised_message(opened, reason)) from exc
-    return AudioInfo(
-        sample_rate_hz=int(sound.samplerate),
-        channels=int(sound.channels),
-        frames=int(sound.frames),
-        duration_s=int(sound.frames) / sound.samplerate if sound.samplerate > 0 else 0.0,
-        format=str(sound.format),
-        subtype=str(sound.subtype),
-    )
-
-
-def _probe_with_audioread(path: Path) -> AudioInfo | str:
-    """The header according to audioread, or why audioread could not read it."""
-    import audioread
-
-    try:
-        with audioread.audio_open(str(path)) as af:
-            rate, channels, duration = int(af.samplerate), int(af.channels), float(af.duration)
-    except audioread.NoBackendError:
-        return "no other decoder (ffmpeg) could read it either"
-    except Exception as exc:  # audioread backends raise a wide variety of errors
-        return f"audioread: {str(exc) or type(exc).__name__}"
-    return AudioInfo(
-        sample_rate_hz=rate,
-        channels=channels,
-        frames=round(duration * rate),
-        duration_s=duration,
-        format=AUDIOREAD_FORMAT,
-        subtype="PCM_16",
-    )
-
-
-def _unrecognised_message(opened: _Opened, reason: str) -> str:
-    """'<name> is not a recognised audio file (...)', saying so when the content looks like text."""
-    opened.stream.seek(0)
-    head = opened.stream.read(_SNIFF_BYTES)
-    hint = "it looks like a text file; " if _looks_like_text(head) else ""
-    return f"{opened.name} is not a recognised audio file ({hint}decoder: {reason})"
-
-
-def _looks_like_text(head: bytes) -> bool:
-    """True when the first bytes decode as UTF-8 made of printable characters and whitespace."""
-    if not head:
-        return False
-    text = head.decode("utf-8", errors="ignore")
-    return len(text) >= len(head) // 2 and all(ch.isprintable() or ch.isspace() for ch in text)
-
-
-def _decoder_reason(exc: BaseException) -> str:
-    """The decoder's own words, without the object repr soundfile puts in front."""
-    reason = str(getattr(exc, "error_string", "") or exc).strip()
-    return reason.rstrip(".") or type(exc).__name__
-
-
-def _check_rate(rate_hz: int, limits: AudioLimits) -> None:
-    """Refuse a sample rate outside [min_sample_rate_hz, max_sample_rate_hz]."""
-    if not limits.min_sample_rate_hz <= rate_hz <= limits.max_sample_rate_hz:
-        raise VoxmillError(
-            UNSUPPORTED_RATE,
-            f"sample rate {rate_hz} Hz is not supported; "
-            f"{limits.min_sample_rate_hz}-{limits.max_sample_rate_hz} Hz are",
-        )
-
-
-def _check_not_too_long(duration_s: float, limits: AudioLimits) -> None:
-    """Refuse a clip longer than `max_duration_s`."""
-    if duration_s > limits.max_duration_s:
-        raise VoxmillError(
-            TOO_LONG,
-            f"clip is {format_duration(duration_s)}; the limit is {format_duration(limits.max_duration_s)}",
-        )
-
-
-def _check_decode_budget(info: AudioInfo, frames: int, limits: AudioLimits) -> None:
-    """Refuse decoding `frames` of `info`'s channels when their float32 exceeds `max_decoded_bytes`."""
-    if info.channels < 1:
-        raise VoxmillError(UNREADABLE, f"the header says the clip has {info.channels} channels")
-    need = frames * info.channels * _SAMPLE_BYTES
-    if need > limits.max_decoded_bytes:
-        channels = f"{info.channels} channel{'' if info.channels == 1 else 's'}"
-        raise VoxmillError(
-            TOO_LARGE,
-            f"decoding would take {format_bytes(need)} ({channels} at {info.sample_rate_hz} Hz "
-            f"for {format_duration(frames / info.sample_rate_hz)}); "
-            f"the limit is {format_bytes(limits.max_decoded_bytes)}",
-        )
-
-
-def _budget_frames(channels: int, limits: AudioLimits) -> int:
-    """The most frames of `channels` whose float32 fits in `max_decoded_bytes`."""
-    return limits.max_decoded_bytes // (_SAMPLE_BYTES * max(1, channels))
 
 
 # --------------------------------------------------------------------------- decoding
@@ -542,13 +245,13 @@ class _Mixdown:
 
 def _block_frames(channels: int) -> int:
     """Frames per decoded block of `channels`."""
-    return max(1, DECODE_BLOCK_BYTES // (_SAMPLE_BYTES * max(1, channels)))
+    return max(1, DECODE_BLOCK_BYTES // (SAMPLE_BYTES * max(1, channels)))
 
 
-def _decode(opened: _Opened, info: AudioInfo, limits: AudioLimits) -> _Mixdown:
+def _decode(opened: Opened, info: AudioInfo, limits: AudioLimits) -> _Mixdown:
     """Decode and mix down, never more than `max_duration_s` nor `max_decoded_bytes` (+1 frame)."""
     by_duration = math.floor(limits.max_duration_s * info.sample_rate_hz) + 1
-    by_budget = _budget_frames(info.channels, limits) + 1
+    by_budget = budget_frames(info.channels, limits) + 1
     cap = min(by_duration, by_budget)
     mixed = _Mixdown(min(info.frames, cap))
     if info.format == AUDIOREAD_FORMAT and opened.path is not None:
@@ -571,10 +274,10 @@ def _decode(opened: _Opened, info: AudioInfo, limits: AudioLimits) -> _Mixdown:
     return mixed
 
 
-def _decode_segment(opened: _Opened, limits: AudioLimits, segment: Segment) -> tuple[AudioInfo, _Mixdown]:
+def _decode_segment(opened: Opened, limits: AudioLimits, segment: Segment) -> tuple[AudioInfo, _Mixdown]:
     """The header and the mixed-down frames of `segment` only."""
-    info = _probe_header(opened)
-    _check_rate(info.sample_rate_hz, limits)
+    info = probe_header(opened)
+    check_rate(info.sample_rate_hz, limits)
     rate = info.sample_rate_hz
     first = max(0, round(segment.start_s * rate))
     last = info.frames if segment.end_s is None else min(info.frames, round(segment.end_s * rate))
@@ -588,8 +291,8 @@ def _decode_segment(opened: _Opened, limits: AudioLimits, segment: Segment) -> t
         raise VoxmillError(
             BAD_REQUEST, f"channel {segment.channel} asked of {opened.name}, which has {info.channels}"
         )
-    _check_not_too_long((last - first) / rate, limits)
-    _check_decode_budget(info, last - first, limits)
+    check_not_too_long((last - first) / rate, limits)
+    check_decode_budget(info, last - first, limits)
     mixed = _Mixdown(last - first, segment.channel)
     if info.format == AUDIOREAD_FORMAT and opened.path is not None:
         _decode_with_audioread(opened.path, info.channels, last - first, mixed, first)
@@ -598,7 +301,7 @@ def _decode_segment(opened: _Opened, limits: AudioLimits, segment: Segment) -> t
     return info, mixed
 
 
-def _decode_with_soundfile(opened: _Opened, cap: int, mixed: _Mixdown, first: int = 0) -> None:
+def _decode_with_soundfile(opened: Opened, cap: int, mixed: _Mixdown, first: int = 0) -> None:
     """Up to `cap` frames (from frame `first`, never past the frames the header gives) into `mixed`;
     decoder errors become `unreadable`."""
     try:
@@ -622,7 +325,7 @@ def _decode_with_soundfile(opened: _Opened, cap: int, mixed: _Mixdown, first: in
                 break
     except (sf.SoundFileError, RuntimeError) as exc:
         raise VoxmillError(
-            UNREADABLE, f"{opened.name} could not be decoded ({_decoder_reason(exc)})"
+            UNREADABLE, f"{opened.name} could not be decoded ({decoder_reason(exc)})"
         ) from exc
 
 

@@ -29,27 +29,24 @@ from typing import IO, Any, cast
 
 import numpy as np
 
-from pipeline import storage
-from pipeline.corpus import (
+from pipeline.corpus.kaldi import (
     KALDI_RECO2DUR,
     KALDI_SEGMENTS,
     KALDI_TEXT,
     KALDI_UTT2DUR,
     KALDI_UTT2SPK,
     KALDI_WAV_SCP,
-    CorpusListing,
-    Source,
-    as_source,
-    input_is_tars,
-    is_jsonl,
-    jsonl_kind,
-    manifest_field_problems,
-    name_problem,
-    parse_json,
     recording_seconds,
     segment_line,
 )
+from pipeline.corpus.lhotse import jsonl_kind
+from pipeline.corpus.listing import CorpusListing
+from pipeline.corpus.manifest import manifest_field_problems
+from pipeline.corpus.problems import name_problem
+from pipeline.corpus.reading import Source, as_source, is_jsonl, parse_json
+from pipeline.corpus.tars import input_is_tars
 from pipeline.errors import VoxmillError
+from pipeline.storage.objects import open_input
 
 BLOCK_BYTES = 1 << 20  # lines read, decoded and split at a time
 
@@ -99,18 +96,7 @@ def _kaldi(folder: Path, limit: int) -> bool:
         return _kaldi_segments(folder, limit)
     ids = _Hashes()
     for lines in _texts(folder / KALDI_WAV_SCP):
-        keys = []
-        for line in lines:
-            parts = line.split(None, 1)
-            if not parts:
-                continue
-            if len(parts) != 2:
-                raise _Doubt
-            utt, path = parts[0], parts[1].rstrip()
-            if len(utt) > limit or len(path) > limit or "\x00" in line or path.endswith("|"):
-                raise _Doubt
-            keys.append(utt)
-        ids.add(keys)
+        ids.add([utt for utt, _ in _scp_entries(lines, limit)])
     known = ids.unique(empty_ok=False)
     _side_file(folder / KALDI_UTT2SPK, known, "speaker", limit)
     _side_file(folder / KALDI_TEXT, known, None, limit)
@@ -143,19 +129,25 @@ def _recordings(wav_scp: Path, limit: int) -> dict[str, str]:
     """{rec: path} of a segments dir's wav.scp; `_Doubt` for a line the reader would refuse."""
     recordings: dict[str, str] = {}
     for lines in _texts(wav_scp):
-        for line in lines:
-            parts = line.split(None, 1)
-            if not parts:
-                continue
-            if len(parts) != 2:
-                raise _Doubt
-            rec, path = parts[0], parts[1].rstrip()
-            if name_problem("", rec, limit) or name_problem("", path, limit) or path.endswith("|"):
-                raise _Doubt
-            if rec in recordings:
+        for rec, path in _scp_entries(lines, limit):
+            if name_problem("", rec, limit) or name_problem("", path, limit) or rec in recordings:
                 raise _Doubt
             recordings[rec] = path
     return recordings
+
+
+def _scp_entries(lines: list[str], limit: int) -> Iterator[tuple[str, str]]:
+    """(key, path) of each wav.scp line; `_Doubt` for a line the reader would refuse."""
+    for line in lines:
+        parts = line.split(None, 1)
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise _Doubt
+        key, path = parts[0], parts[1].rstrip()
+        if len(key) > limit or len(path) > limit or "\x00" in line or path.endswith("|"):
+            raise _Doubt
+        yield key, path
 
 
 def _lengths(reco2dur: Path) -> dict[str, float]:
@@ -255,11 +247,11 @@ class _Hashes:
 
 
 def _texts(file: Source) -> Iterator[list[str]]:
-    """The lines of a listing file, a block at a time, as `pipeline.corpus` reads them (UTF-8, a
+    """The lines of a listing file, a block at a time, as `pipeline.corpus.reading` reads them (UTF-8, a
     .gz one inflated, the first line's byte-order mark dropped; blank lines kept); `_Doubt` for
     whatever it would report (a file that cannot be read, a line that is not UTF-8)."""
     try:
-        raw: IO[bytes] = storage.open_input(file)
+        raw: IO[bytes] = open_input(file)
     except (VoxmillError, OSError):
         raise _Doubt from None
     stream = cast(IO[bytes], gzip.GzipFile(fileobj=raw)) if str(file).endswith(".gz") else raw

@@ -169,7 +169,7 @@ def gpu_memory_used_bytes() -> int | None:
     """Memory in use on the first GPU (nvidia-smi), or None without one."""
     if shutil.which("nvidia-smi") is None:
         return None
-    from pipeline.host import run_command
+    from pipeline.models.host import run_command
 
     output = run_command(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"])
     try:

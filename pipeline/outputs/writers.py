@@ -5,7 +5,7 @@ the spec's order: `utt`, `spk` (string), `audio_seconds` (float64, null on error
 (list<int32>), `embedding` (list<float32>; both null when failed or when the op has no such output),
 `error_code`, `error_message` (string, null on success). The schema metadata key `voxmill.models`
 holds the models used as JSON `{role: {"file", "sha256"}}`.
-Wave 2 columns, all nullable: the clip's quality statistics (`pipeline.quality.STAT_FIELDS`:
+Wave 2 columns, all nullable: the clip's quality statistics (`pipeline.audio.quality.STAT_FIELDS`:
 `source_rate_hz`, `source_channels` int32, `source_codec` string, `duration_s`, `speech_s`,
 `speech_ratio`, `rms_dbfs`, `peak_dbfs`, `clipped_fraction` float64; present for every decoded
 clip, `no_speech` ones too), and `tokenizer_sha256`, `embedder_sha256` (string): the sha256 of
@@ -13,12 +13,13 @@ the model that produced the row's tokens / embedding (null when the row has none
 spanning a hot reload can be split exactly.
 
 Every file is written to `.{name}.tmp-{pid}-{random}` in its own folder, fsynced and renamed over
-the final name, so a file is complete or absent and a redelivered shard simply overwrites identical
-data. An output folder in an object store (`--out s3://bucket/run`, `pipeline.storage.ObjectFolder`)
-gets each file as one PUT of the whole object, which is complete or absent in the same way. A tar
-shard's file lists what the tar held, in the tar's order. `pipeline.merge.merge_outputs` reads the
-shard files of a plan and writes the contract's outputs (DESIGN.md, "Output of extract"), each
-utterance exactly once per op.
+the final name (`pipeline.storage.locations.atomic_file`), so a file is complete or absent and a
+redelivered shard simply overwrites identical data. An output folder in an object store (`--out
+s3://bucket/run`, `pipeline.storage.locations.ObjectFolder`) gets each file as one PUT of the
+whole object, which is complete or absent in the same way. A tar shard's file lists what the tar
+held, in the tar's order. `pipeline.outputs.merge.merge_outputs` reads the shard files of a plan
+and writes the contract's outputs (DESIGN.md, "Output of extract"), each utterance exactly once
+per op.
 
 A shard file always holds its rows: a result whose row the file cannot hold (a token outside
 int32, a non-finite embedding value, a statistic of the wrong type: `row_problem`) is stored as
@@ -31,25 +32,23 @@ why: the merge takes it for the shard, and a resume counts the shard done.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import secrets
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import storage
+from pipeline.audio.quality import STAT_FIELDS
 from pipeline.errors import INTERNAL, NOT_FOUND, OUTPUT_ERROR, VoxmillError
-from pipeline.quality import STAT_FIELDS
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, TaskResult, Utterance, encodable
-from pipeline.storage import OutputLocation, output_location
+from pipeline.storage.locations import OutputLocation, atomic_write, output_location
+from pipeline.storage.objects import read_url
+from pipeline.storage.urls import is_url
 
 MODELS_METADATA_KEY = b"voxmill.models"
 SHARDS_DIR = "shards"
@@ -105,7 +104,7 @@ UTT_STATS_FILE = "utt_stats.parquet"
 UTT_STATS_SCHEMA = pa.schema(
     [("utt", pa.string()), ("spk", pa.string()), *(SHARD_SCHEMA.field(n) for n in STAT_FIELDS)]
 )
-# Key of every output file's Parquet key-value metadata: what produced it (`pipeline.merge`).
+# Key of every output file's Parquet key-value metadata: what produced it (`pipeline.outputs.merge`).
 PROVENANCE_METADATA_KEY = "voxmill.provenance"
 SPK_EMBEDDINGS_SCHEMA = pa.schema(
     [("spk", pa.string()), ("embedding", pa.list_(pa.float32())), ("num_utts", pa.int64())]
@@ -114,41 +113,7 @@ SPK_EMBEDDINGS_SCHEMA = pa.schema(
 Models = dict[str, dict[str, str]]
 
 
-# --------------------------------------------------------------------------- atomic files
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[IO[bytes]]:
-    """A stream whose bytes become `path` complete or not at all: a temporary file in the same
-    folder, fsynced and renamed over `path` when the block ends without an exception.
-
-    Any OS or Arrow failure (disk full, unwritable folder) becomes `VoxmillError("output_error")`;
-    the temporary file is removed whatever ended the block.
-    """
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as stream:
-            yield stream
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(tmp, path)
-    except (OSError, pa.ArrowException) as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise VoxmillError(OUTPUT_ERROR, f"cannot write {path}: {reason}") from exc
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write `path` complete or not at all (`atomic_file`) with `write(stream)`."""
-    with atomic_file(path) as stream:
-        write(stream)
+# --------------------------------------------------------------------------- whole files
 
 
 def write_parquet(path: Path, table: pa.Table) -> None:
@@ -159,16 +124,6 @@ def write_parquet(path: Path, table: pa.Table) -> None:
 def write_text(path: Path, text: str) -> None:
     """Write UTF-8 text, atomically."""
     atomic_write(path, lambda stream: stream.write(text.encode("utf-8")))
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable (best effort: not every file system lets a folder be fsynced)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def write_table_at(out: OutputLocation, name: str, table: pa.Table) -> None:
@@ -400,8 +355,8 @@ def _models_of(results: Iterable[TaskResult]) -> Models:
 def read_shard(path: Path | str) -> pa.Table:
     """Read a shard file (a path or URL); a missing or unreadable one is `VoxmillError("output_error")`."""
     try:
-        remote = isinstance(path, str) and storage.is_url(path)
-        source = pa.BufferReader(storage.read_url(str(path))) if remote else path
+        remote = isinstance(path, str) and is_url(path)
+        source = pa.BufferReader(read_url(str(path))) if remote else path
         with pq.ParquetFile(source) as file:  # not read_table: its dataset layer costs as much as the read
             return file.read()
     except VoxmillError as exc:

@@ -46,10 +46,11 @@ import numpy.typing as npt
 
 from pipeline import errors
 from pipeline.errors import VoxmillError
-from pipeline.sessions import SessionOptions, helper_session
+from pipeline.models.options import SessionOptions
+from pipeline.models.sessions import helper_session
 from pipeline.settings import Settings
 
-MODEL_DIR = Path(__file__).resolve().parent / "models" / "silero_vad"
+MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "silero_vad"  # pipeline/models/silero_vad
 MODEL_FILE = MODEL_DIR / "silero_vad_16k_sequence.onnx"  # the wheel's file, unchanged
 MODEL_SHA256 = "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85"
 DETECTOR_FILE = MODEL_DIR / "silero_vad_16k_sequence.detector.onnx"  # what runs: `detector_graph`
@@ -294,7 +295,7 @@ class SpeechDetector:
 
     @classmethod
     def load(cls, path: Path = DETECTOR_FILE, intra_op_threads: int = 1) -> SpeechDetector:
-        """Build the session (pipeline.sessions' options, CPU) and check it on a warm-up clip."""
+        """Build the session (`pipeline.models.options`, CPU) and check it on a warm-up clip."""
         started = time.perf_counter()
         options = SessionOptions(provider="cpu", intra_op_threads=intra_op_threads)
         session, sha256 = helper_session(path, options)

@@ -23,17 +23,18 @@ import numpy.typing as npt
 
 from pipeline import errors
 from pipeline.errors import VoxmillError
-from pipeline.host import HostInfo, detect_host
-from pipeline.providers import (
+from pipeline.models.host import HostInfo, detect_host
+from pipeline.models.options import SessionOptions
+from pipeline.models.providers import (
     TENSORRT,
     ProviderOptions,
     engine_cache_dir,
     session_fallback_warning,
     tensorrt_unavailable_reason,
 )
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
 from pipeline.records import ROLE_TOKENIZER
-from pipeline.registry import Registry
-from pipeline.sessions import ModelSession, SessionOptions
 
 ENGINE_SUFFIX = ".engine"
 PROFILE_LEVELS = ("min", "opt", "max")

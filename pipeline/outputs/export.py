@@ -27,16 +27,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.corpus import KALDI_WAV_SCP, read_corpus
+from pipeline.corpus.kaldi import KALDI_WAV_SCP
+from pipeline.corpus.listing import read_corpus
 from pipeline.errors import BAD_REQUEST, VoxmillError
-from pipeline.records import Utterance
-from pipeline.writers import (
+from pipeline.outputs.writers import (
     SPEECH_TOKENS_FILE,
     SPK_EMBEDDINGS_FILE,
     UTT_EMBEDDINGS_FILE,
     write_parquet,
     write_text,
 )
+from pipeline.records import Utterance
 
 log = logging.getLogger(__name__)
 

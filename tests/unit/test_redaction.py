@@ -1,4 +1,4 @@
-"""workers/observe/logs.py: URL passwords are hidden in one pass, whatever the line holds."""
+"""pipeline/redaction.py: URL passwords are hidden in one pass, whatever the line holds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from workers.observe.logs import redact
+from pipeline.redaction import redact
 
 # The pattern `redact` replaces (what it did before it was written as one pass).
 PATTERN = re.compile(r"(\w+://[^:/@\s]*:)[^@\s]+@")

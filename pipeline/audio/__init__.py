@@ -1,0 +1,1 @@
+"""Decoding a clip, its quality statistics and whether it holds speech."""

@@ -1,0 +1,1 @@
+"""Models: the registry, their files, sessions, providers, TensorRT engines, caches and stand-ins."""

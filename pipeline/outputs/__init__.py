@@ -1,0 +1,1 @@
+"""What a run writes: shard files, the merged outputs, their export and their audit."""

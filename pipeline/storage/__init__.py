@@ -1,0 +1,1 @@
+"""Where bytes live: URLs, object-store reads, output locations and the path jail."""

@@ -1,0 +1,203 @@
+"""A run's output location, local or in an object store, whose files appear complete or not at all.
+
+`OutputLocation` is the folder of a run: `LocalFolder` (a file is written to a temporary name,
+fsynced and renamed: `atomic_file`) or `ObjectFolder` (an object is one PUT of the whole object,
+which a store makes visible complete or not at all). Both list a sub-folder in one call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from pipeline.errors import BAD_REQUEST, OUTPUT_ERROR, VoxmillError
+from pipeline.storage.objects import filesystem, list_url, read_url, url_exists, with_retries
+from pipeline.storage.urls import StoreUrl, is_url, mend_url, normalise_url, parse_url
+
+WRITABLE_SCHEMES = ("s3", "gs", "gcs")
+
+
+@dataclass(frozen=True)
+class LocalFolder:
+    """A local output folder: today's files, written to a temporary name and renamed."""
+
+    root: Path
+    is_local: bool = True
+
+    def ref(self, name: str) -> Path:
+        return self.root / name if name else self.root
+
+    def display(self, name: str = "") -> str:
+        return str(self.ref(name))
+
+    def exists(self, name: str) -> bool:
+        return (self.root / name).exists()
+
+    def read_bytes(self, name: str) -> bytes:
+        return (self.root / name).read_bytes()
+
+    def names(self, folder: str) -> set[str]:
+        try:
+            with os.scandir(self.root / folder) as entries:
+                return {e.name for e in entries if e.is_file() and not e.name.startswith(".")}
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+
+    def writer(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        return atomic_file(self.root / name)
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / name).unlink()
+
+    def child(self, folder: str) -> LocalFolder:
+        return LocalFolder(self.root / folder)
+
+
+@dataclass(frozen=True)
+class ObjectFolder:
+    """A prefix in an object store: each file one object, written by one PUT of the whole object
+    (a store shows an object complete or not at all), listed with one listing call."""
+
+    url: StoreUrl
+    is_local: bool = False
+
+    def ref(self, name: str) -> str:
+        return str(self.url.join(name)) if name else str(self.url)
+
+    def display(self, name: str = "") -> str:
+        return self.ref(name)
+
+    def exists(self, name: str) -> bool:
+        return url_exists(self.ref(name))
+
+    def read_bytes(self, name: str) -> bytes:
+        return read_url(self.ref(name))
+
+    def names(self, folder: str) -> set[str]:
+        return set(list_url(self.ref(folder)))
+
+    @contextlib.contextmanager
+    def writer(self, name: str) -> Iterator[IO[bytes]]:
+        """Spooled to a local temporary file, then PUT whole (a large one as a multipart upload,
+        which the store also completes atomically); nothing is uploaded if the block fails."""
+        target = self.ref(name)
+        spool = tempfile.NamedTemporaryFile(prefix="voxmill-put-", delete=False)  # noqa: SIM115
+        try:
+            with spool:
+                try:
+                    yield spool
+                except OSError as exc:
+                    raise VoxmillError(OUTPUT_ERROR, f"cannot write {target}: {exc.strerror or exc}") from exc
+            fs = filesystem(self.url.scheme)
+            path = parse_url(target).fs_path
+            try:
+                with_retries(lambda: fs.put_file(spool.name, path), target, "cannot write")
+            except VoxmillError as exc:
+                raise VoxmillError(OUTPUT_ERROR, exc.message) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(spool.name)
+
+    def delete(self, name: str) -> None:
+        fs = filesystem(self.url.scheme)
+        path = parse_url(self.ref(name)).fs_path
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(path)
+
+        with_retries(remove, self.ref(name), "cannot delete")
+
+    def child(self, folder: str) -> ObjectFolder:
+        return ObjectFolder(self.url.join(folder))
+
+
+# A run's output folder: names inside it are '/'-separated and relative. Both kinds answer
+# ref (a Path, or a URL string), display, exists, read_bytes, names (a sub-folder's file names,
+# one listing call), writer (complete or absent), delete and child.
+OutputLocation = LocalFolder | ObjectFolder
+
+
+def output_location(out: str | os.PathLike[str] | OutputLocation) -> OutputLocation:
+    """The output location of a `--out` value: a URL (`s3://`, `gs://`) or a local folder."""
+    if isinstance(out, (LocalFolder, ObjectFolder)):
+        return out
+    out = mend_url(out)
+    if isinstance(out, str) and is_url(out):
+        url = parse_url(out)
+        if url.scheme not in WRITABLE_SCHEMES:
+            raise VoxmillError(BAD_REQUEST, f"cannot write outputs to {url.scheme}:// (use s3:// or gs://)")
+        return ObjectFolder(url)
+    return LocalFolder(Path(out))
+
+
+def location_name(out: Path | str) -> str:
+    """The canonical name of an output location (a resolved path or a normalised URL): what a
+    run's name and a shard spec's `out_dir` are made of."""
+    out = mend_url(out)
+    if isinstance(out, str) and is_url(out):
+        return normalise_url(out)
+    return str(Path(out).resolve())
+
+
+# --------------------------------------------------------------------------- atomic files
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[IO[bytes]]:
+    """A stream whose bytes become `path` complete or not at all: a temporary file in the same
+    folder, fsynced and renamed over `path` when the block ends without an exception.
+
+    Any OS or Arrow failure (disk full, unwritable folder) becomes `VoxmillError("output_error")`;
+    the temporary file is removed whatever ended the block.
+    """
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as stream:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(tmp, path)
+    except _write_errors() as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise VoxmillError(OUTPUT_ERROR, f"cannot write {path}: {reason}") from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def _write_errors() -> tuple[type[Exception], ...]:
+    """What a failed write raises: an OS error, or Arrow's own when a table is written. Arrow's
+    class is taken only where pyarrow is loaded (no Arrow write can have run otherwise), so that
+    naming an output location imports no pyarrow."""
+    arrow = sys.modules.get("pyarrow")
+    return (OSError,) if arrow is None else (OSError, arrow.ArrowException)
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write `path` complete or not at all (`atomic_file`) with `write(stream)`."""
+    with atomic_file(path) as stream:
+        write(stream)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable (best effort: not every file system lets a folder be fsynced)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,340 @@
+"""Objects in a store (`s3://`, `gs://`, `http(s)://`) read as files are, with retries.
+
+`open_url` (a seekable stream), `read_url` (the whole object, one GET), `url_size` (for the
+`max_file_bytes` check before reading), `fetch_checked` (size checked before the bytes),
+`url_exists`, `list_url` (one listing call), and `open_input` for a listing file or tar shard
+local or at a URL. fsspec (s3fs, gcsfs, its own HTTP) does the I/O, imported on first use only: a
+run on local files never imports it. Credentials and endpoints come from each store's own
+environment variables and files (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `~/.aws/config`,
+`GOOGLE_APPLICATION_CREDENTIALS`...), read by the store's client, never by voxmill; every message
+here is made of voxmill's own words plus the URL and the error's class, so no secret reaches a
+log line, a task message, an error or `report.json`.
+
+Errors: a missing object is `not_found`; a store that refuses (permissions, no such bucket for a
+write) or cannot be reached is `store_error`. Transient failures (connection reset, timeouts,
+5xx) are retried `RETRY_ATTEMPTS` times with a doubling backoff, then are `store_error`. HTTP
+redirects are refused (`forbidden_path`), never followed, and a redirect's body is never read as
+the object.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+from pipeline.errors import FORBIDDEN_PATH, NOT_FOUND, STORE_ERROR, UNREADABLE, VoxmillError
+from pipeline.storage.paths import ConfinedPath, open_confined
+from pipeline.storage.urls import StoreUrl, is_url, parse_url
+
+RETRY_ATTEMPTS = 3
+RETRY_BASE_S = 0.25
+# Objects up to this size are read in one GET; larger ones (a long recording read for one segment,
+# a tar shard) are streamed through a read-ahead block cache of READ_BLOCK_BYTES.
+WHOLE_READ_BYTES = 16 * 1024 * 1024
+READ_BLOCK_BYTES = 4 * 1024 * 1024
+# Exceptions that say the network hiccuped, by class name (the clients' own classes are not
+# imported: they may not be installed, and a local run must not import them).
+TRANSIENT_NAMES = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ProxyConnectionError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        "ClientConnectionError",
+        "ClientConnectorError",
+        "ClientOSError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+        "ClientPayloadError",
+        "TransportError",
+        "ServiceUnavailable",
+        "TooManyRequests",
+        "InternalServerError",
+        "BadGateway",
+        "GatewayTimeout",
+        "RetryError",
+        "SlowDown",
+    }
+)
+
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- errors and retries
+
+
+def _kind(exc: BaseException) -> str:
+    """'missing', 'refused', 'transient' or 'other' for an exception a store client raised."""
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    if isinstance(exc, PermissionError):
+        return "refused"
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & TRANSIENT_NAMES or isinstance(exc, (ConnectionError, TimeoutError)):
+        return "transient"
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    if isinstance(status, int) and status >= 500:
+        return "transient"
+    return "other"
+
+
+def store_failure(exc: BaseException, url: str, doing: str) -> VoxmillError:
+    """The voxmill error for a failed store call: voxmill's own error if one is in `exc`'s cause
+    chain (fsspec's HTTP `info` wraps a refused redirect in a FileNotFoundError), `not_found`, or
+    `store_error` naming the URL, what was being done and the error's class (never its text,
+    which may quote a request)."""
+    own = _voxmill_cause(exc)
+    if own is not None:
+        return own
+    kind = _kind(exc)
+    if kind == "missing":
+        return VoxmillError(NOT_FOUND, f"no such object: {url}")
+    what = type(exc).__name__
+    if kind == "refused":
+        reason = "the store refused the request (permission denied)"
+    elif kind == "transient":
+        reason = f"the store could not be reached after {RETRY_ATTEMPTS} attempts"
+    else:
+        reason = "the store refused or failed the request"
+    return VoxmillError(
+        STORE_ERROR,
+        f"{doing} {url}: {reason} ({what}); check the store's endpoint and credentials "
+        "(AWS_ENDPOINT_URL, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS...)",
+    )
+
+
+def _voxmill_cause(exc: BaseException) -> VoxmillError | None:
+    """The first VoxmillError in `exc`'s chain of causes and contexts (itself included)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, VoxmillError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def with_retries(
+    call: Callable[[], T], url: str, doing: str, attempts: int = RETRY_ATTEMPTS, base_s: float = RETRY_BASE_S
+) -> T:
+    """`call()`, again after a transient failure (doubling sleeps from `base_s`), `attempts` times
+    at most; any failure becomes a voxmill error (`store_failure`)."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except VoxmillError:
+            raise
+        except Exception as exc:  # the clients raise many unrelated classes
+            if _kind(exc) != "transient" or attempt == attempts - 1:
+                raise store_failure(exc, url, doing) from None
+            time.sleep(base_s * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------- file systems
+
+
+_FILESYSTEMS: dict[tuple[int, str], Any] = {}
+
+
+def filesystem(scheme: str) -> Any:
+    """This process's fsspec file system for `scheme` (imported and made on first use).
+
+    Listings are never cached: the driver asks again and again whether a shard object exists.
+    Keyed by process id: a forked worker makes its own (fsspec's event loop is per process).
+    """
+    key = (os.getpid(), scheme)
+    fs = _FILESYSTEMS.get(key)
+    if fs is None:
+        import fsspec
+
+        protocol = {"gs": "gcs"}.get(scheme, scheme)
+        options: dict[str, Any] = {"skip_instance_cache": True}
+        if protocol in ("s3", "gcs"):
+            options["use_listings_cache"] = False
+        if protocol in ("http", "https"):
+            # Every request (HEAD, GET, ranged GET, listing) gets allow_redirects=False, and the
+            # session's raise_for_status hook refuses the 3xx that aiohttp then returns as is.
+            options["allow_redirects"] = False
+            options["client_kwargs"] = {"raise_for_status": refuse_redirects}
+        fs = fsspec.filesystem(protocol, **options)
+        _FILESYSTEMS[key] = fs
+    return fs
+
+
+async def refuse_redirects(response: Any) -> None:
+    """aiohttp's `raise_for_status` hook of voxmill's HTTP file system: a 3xx answer is
+    `forbidden_path`. The roots were checked on the URL asked for, so a redirect is never
+    followed and its body is never read as the object; other statuses go on to fsspec as before."""
+    if 300 <= response.status < 400:
+        asked = response.url.with_query(None).with_fragment(None)
+        raise VoxmillError(
+            FORBIDDEN_PATH,
+            f"{asked} answered {response.status} (a redirect); redirects are refused, since the allowed "
+            "roots are checked on the URL asked for: give the URL the object is really at",
+        )
+
+
+def _fs(url: str) -> tuple[Any, StoreUrl]:
+    parsed = parse_url(url)
+    return filesystem(parsed.scheme), parsed
+
+
+def url_size(url: str) -> int:
+    """The object's size in bytes (one HEAD); `not_found` or `store_error`."""
+    fs, parsed = _fs(url)
+    if parsed.scheme == "s3":  # HEAD only: s3fs's info() lists the prefix too after a 404
+        head = with_retries(lambda: _s3_head(fs, parsed), str(parsed), "cannot stat")
+        return int(head["ContentLength"])
+    info = with_retries(lambda: fs.info(parsed.fs_path), str(parsed), "cannot stat")
+    if info.get("type") == "directory":
+        raise VoxmillError(NOT_FOUND, f"{parsed} is a prefix (a folder), not an object")
+    size = info.get("size")
+    if size is None:
+        raise VoxmillError(STORE_ERROR, f"cannot stat {parsed}: the store gave no size")
+    return int(size)
+
+
+def url_exists(url: str) -> bool:
+    """Whether the object exists; `store_error` when the store cannot say."""
+    fs, parsed = _fs(url)
+
+    def exists() -> bool:
+        try:
+            if parsed.scheme == "s3":
+                _s3_head(fs, parsed)  # one HEAD, never a listing
+            else:
+                fs.info(parsed.fs_path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    return with_retries(exists, str(parsed), "cannot look up")
+
+
+def _s3_head(fs: Any, url: StoreUrl) -> dict[str, Any]:
+    head: dict[str, Any] = fs.call_s3("head_object", Bucket=url.bucket, Key=url.key)
+    return head
+
+
+def fetch_checked(url: str, max_bytes: int) -> tuple[int, BinaryIO | None]:
+    """(size, a seekable stream) of an object whose size is checked before its bytes are read;
+    the stream is None when the object is empty or over `max_bytes` (the caller says which).
+
+    S3: one GET, its body read only after its Content-Length was checked (HEAD + GET would be two
+    requests per clip, and s3fs's whole-object read is HEAD + GET itself); an object too big to
+    hold in memory is streamed with ranged GETs instead. Other stores: a HEAD, then the read.
+    """
+    parsed = parse_url(url)
+    if parsed.scheme != "s3":
+        size = url_size(url)
+        return size, (open_url(url, size) if 0 < size <= max_bytes else None)
+    import io
+
+    size, data = _s3_get(parsed, min(max_bytes, WHOLE_READ_BYTES))
+    if data is not None:
+        return size, io.BytesIO(data)
+    if 0 < size <= max_bytes:  # large: ranged reads
+        return size, open_url(url, size)
+    return size, None
+
+
+def _s3_get(url: StoreUrl, max_bytes: int | None) -> tuple[int, bytes | None]:
+    """(size, body) of one S3 GET; the body is left unread (None) when empty or over `max_bytes`."""
+    from fsspec.asyn import sync
+
+    fs = filesystem("s3")
+
+    async def get() -> tuple[int, bytes | None]:
+        response = await fs._call_s3("get_object", Bucket=url.bucket, Key=url.key)
+        size = int(response["ContentLength"])
+        body = response["Body"]
+        try:
+            if size == 0 or (max_bytes is not None and size > max_bytes):
+                return size, None
+            data: bytes = await body.read()
+            return size, data
+        finally:
+            body.close()
+
+    result: tuple[int, bytes | None] = with_retries(lambda: sync(fs.loop, get), str(url), "cannot read")
+    return result
+
+
+def read_url(url: str) -> bytes:
+    """The whole object (one GET)."""
+    fs, parsed = _fs(url)
+    if parsed.scheme == "s3":  # s3fs's cat_file is HEAD + GET
+        return _s3_get(parsed, None)[1] or b""
+    data: bytes = with_retries(lambda: fs.cat_file(parsed.fs_path), str(parsed), "cannot read")
+    return data
+
+
+def open_url(url: str, size: int | None = None) -> BinaryIO:
+    """A seekable binary stream over the object: the bytes in memory when it is small (one GET),
+    else a read-ahead stream of ranged GETs. `size`: the object's size when already known."""
+    import io
+
+    known = url_size(url) if size is None else size
+    if known <= WHOLE_READ_BYTES:
+        return io.BytesIO(read_url(url))
+    fs, parsed = _fs(url)
+    stream: BinaryIO = with_retries(
+        lambda: fs.open(parsed.fs_path, "rb", block_size=READ_BLOCK_BYTES, cache_type="readahead"),
+        str(parsed),
+        "cannot open",
+    )
+    return stream
+
+
+def list_url(url: str) -> list[str]:
+    """The names of the objects directly below a prefix, sorted (one listing call)."""
+    fs, parsed = _fs(url)
+
+    def names() -> list[str]:
+        try:
+            entries = fs.ls(parsed.fs_path, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(
+            posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") != "directory"
+        )
+
+    return with_retries(names, str(parsed), "cannot list")
+
+
+# --------------------------------------------------------------------------- listing files and tar shards
+
+
+def open_input(path: str | Path | ConfinedPath) -> BinaryIO:
+    """A binary stream over a listing file or a tar shard, local or at a URL; a `ConfinedPath`
+    (a worker's tar shard) is opened without a window (`pipeline.storage.paths.open_confined`)
+    and must be a regular file (a FIFO is refused without being opened: it would block the reader)."""
+    if isinstance(path, str) and is_url(path):
+        return open_url(path)
+    if not isinstance(path, ConfinedPath):
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    text = str(path)
+
+    def regular(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise VoxmillError(UNREADABLE, f"{text} is not a regular file")
+
+    fd = open_confined(path, regular)
+    try:
+        regular(os.fstat(fd))  # a FIFO swapped in after the lstat opened at once (O_NONBLOCK)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
