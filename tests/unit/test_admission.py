@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.settings import AudioLimits
 from tests.helpers import celery_headers
-from workers.queue import admission
+from workers.queue import admission, transport
 from workers.queue.admission import (
     NOT_DECODED,
     REASONS,
@@ -304,7 +304,7 @@ ENVELOPE = {
 
 
 def test_a_kombu_envelope_is_admitted_by_its_shape() -> None:
-    assert admission.envelope_refusal(ENVELOPE) is None
+    assert transport.envelope_refusal(ENVELOPE) is None
 
 
 @pytest.mark.parametrize(
@@ -323,7 +323,7 @@ def test_a_kombu_envelope_is_admitted_by_its_shape() -> None:
     ],
 )
 def test_what_is_no_envelope_is_refused(payload: object) -> None:
-    assert admission.envelope_refusal(payload) == admission.NOT_AN_ENVELOPE
+    assert transport.envelope_refusal(payload) == transport.NOT_AN_ENVELOPE
 
 
 def test_docs_list_every_reason() -> None:

@@ -22,9 +22,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from pipeline.redaction import redact
+from workers.queue.transport import CONTENT_TYPES, NOT_AN_ENVELOPE
 
-# What a worker decodes (kombu's names for Celery's `json` and `msgpack`): never pickle.
-CONTENT_TYPES = ("application/json", "application/x-msgpack")
 # kombu's names of the content types it knows but a worker refuses (for the words of a refusal).
 SERIALIZER_NAMES = {"application/x-python-serialize": "pickle", "application/x-yaml": "yaml"}
 # A raw-bytes job travels as msgpack: the bytes plus a few of framing. Room for base64 (4/3)
@@ -68,7 +67,6 @@ MALFORMED_BODY = "malformed_body"
 WORKFLOW = "workflow"
 INVALID_TASK = "invalid_task"
 HANDLER_ERROR = "handler_error"
-NOT_AN_ENVELOPE = "not_an_envelope"
 
 # Every reason a message is refused for (stable strings: extend, never rename), and what it means.
 REASONS: dict[str, str] = {
@@ -188,26 +186,6 @@ def body_refusal(body: object) -> str | None:
     if any(embed.get(key) for key in WORKFLOW_KEYS):
         return WORKFLOW
     return None
-
-
-def envelope_refusal(payload: object) -> str | None:
-    """`NOT_AN_ENVELOPE` unless `payload` (a queue item as parsed JSON) has the shape kombu's Redis
-    transport reads before any consumer sees it; kombu would raise on anything else."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("properties"), dict):
-        return NOT_AN_ENVELOPE
-    properties = payload["properties"]
-    info = properties.get("delivery_info")
-    fields = (
-        isinstance(properties.get("delivery_tag"), str)
-        and isinstance(info, dict)
-        and all(isinstance(info.get(key), str) for key in ("exchange", "routing_key"))
-        and properties.get("body_encoding") in (None, "base64")
-        and isinstance(payload.get("body", ""), (str, bytes))
-        and isinstance(payload.get("headers"), (dict, type(None)))
-        and isinstance(payload.get("content-type"), (str, type(None)))
-        and isinstance(payload.get("content-encoding"), (str, type(None)))
-    )
-    return None if fields else NOT_AN_ENVELOPE
 
 
 def shown(value: object, limit: int = 80) -> str:

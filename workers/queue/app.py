@@ -24,7 +24,7 @@ from pipeline.records import OPS
 from pipeline.settings import Settings
 from workers.keys import QUEUES
 from workers.queue import connections, transport
-from workers.queue.admission import CONTENT_TYPES
+from workers.queue.transport import CONTENT_TYPES
 
 # One queue per op (`workers.keys.QUEUES`); `voxmill.shard` goes to the queue of its shard's op.
 TASK_NAMES = {op: f"voxmill.{op}" for op in OPS}

@@ -13,7 +13,7 @@ error, which Celery handles by reconnecting. `workers.queue.app` registers this 
 `redis://` and `rediss://` schemes.
 
 It also drops what is no message at all: an item pushed onto a queue list that is not kombu's
-JSON envelope (`admission.envelope_refusal`) would raise inside kombu's read loop, stopping the
+JSON envelope (`envelope_refusal`) would raise inside kombu's read loop, stopping the
 worker or passing for a lost connection; it is logged once and dropped (BRPOP already took it
 off the list), and the worker reads on.
 """
@@ -28,9 +28,12 @@ import kombu.transport
 import redis
 from kombu.transport import redis as kombu_redis
 
-from workers.queue.admission import NOT_AN_ENVELOPE, envelope_refusal
-
 TRANSPORT_PATH = f"{__name__}:Transport"
+# What voxmill's messages and results are (kombu's names for Celery's `json` and `msgpack`):
+# never pickle.
+CONTENT_TYPES = ("application/json", "application/x-msgpack")
+# The refusal reason of a queue item that is no kombu envelope (`workers.queue.admission.REASONS`).
+NOT_AN_ENVELOPE = "not_an_envelope"
 log = logging.getLogger("voxmill.consumer")
 
 
@@ -70,6 +73,26 @@ def dropped(why: str) -> None:
         NOT_AN_ENVELOPE,
         why,
     )
+
+
+def envelope_refusal(payload: object) -> str | None:
+    """`NOT_AN_ENVELOPE` unless `payload` (a queue item as parsed JSON) has the shape kombu's Redis
+    transport reads before any consumer sees it; kombu would raise on anything else."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("properties"), dict):
+        return NOT_AN_ENVELOPE
+    properties = payload["properties"]
+    info = properties.get("delivery_info")
+    fields = (
+        isinstance(properties.get("delivery_tag"), str)
+        and isinstance(info, dict)
+        and all(isinstance(info.get(key), str) for key in ("exchange", "routing_key"))
+        and properties.get("body_encoding") in (None, "base64")
+        and isinstance(payload.get("body", ""), (str, bytes))
+        and isinstance(payload.get("headers"), (dict, type(None)))
+        and isinstance(payload.get("content-type"), (str, type(None)))
+        and isinstance(payload.get("content-encoding"), (str, type(None)))
+    )
+    return None if fields else NOT_AN_ENVELOPE
 
 
 class CheckedDelivery:
