@@ -42,6 +42,7 @@ def main() -> None:
 
     import workers.corpus.driver as driver
     import workers.extract as run
+    from pipeline.outputs.folder import RunFolder
     from pipeline.settings import Settings
 
     marks: dict[str, Any] = {}
@@ -68,7 +69,7 @@ def main() -> None:
     merge_module.merge_outputs = timed_merge  # run_corpus imports it when it merges
     settings = Settings.load().model_copy(update={"model_dir": args.models, "broker_url": None})
     report = run.extract_corpus(
-        settings, args.source, args.out, args.ops.split(","), args.workers, 0, quiet=True
+        settings, args.source, RunFolder.of(args.out), args.ops.split(","), args.workers, 0, quiet=True
     )
     marks.setdefault("driver_peak_rss_mb", round(peak_rss_mb(), 1))  # a resume that did not merge
     marks["wall_s"] = round(time.time() - STARTED, 3)

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.outputs.folder import RunFolder
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "storage.json"
 PER_SHARD = 10
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                     "s3-in": manifests["s3"],
                     "s3": manifests["s3"],
                 }[variant]
-                out: Path | str = (
+                out = RunFolder.of(
                     f"s3://{BUCKET}/out-{repeat}/" if variant == "s3" else work / f"out-{variant}-{repeat}"
                 )
                 counter.counts.clear()

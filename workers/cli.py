@@ -11,12 +11,15 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from pipeline.outputs.folder import RunFolder
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -358,7 +361,8 @@ def extract(
     """
     from pipeline.audio.quality import QualityFilter
     from pipeline.corpus.reading import as_source
-    from pipeline.storage.urls import is_url, mend_url
+    from pipeline.errors import VoxmillError
+    from pipeline.outputs.folder import RunFolder
     from workers.corpus.plan import RunError
     from workers.extract import current_model_sha256, drop_mixed_shards, extract_corpus
 
@@ -366,7 +370,11 @@ def extract(
     if not op_list or [op for op in op_list if op not in ("tokenize", "embed")]:
         fail(f"--ops takes tokenize and/or embed, not {ops!r}")
     settings = load_settings(models)
-    if audit_sample and is_url(out_dir):
+    try:
+        folder = RunFolder.of(out_dir)
+    except VoxmillError as exc:  # a URL that cannot hold outputs (http://, credentials in it)
+        fail(exc.message)
+    if audit_sample and not folder.is_local:
         fail("--audit reads a local output folder; download the outputs and run `voxmill audit` on them")
     if metrics_port:
         settings = settings.model_copy(update={"run_metrics_port": metrics_port})
@@ -379,22 +387,22 @@ def extract(
         err.print("[yellow]note:[/yellow] the speech check is off: --min-speech-ratio filters nothing")
     try:
         if redo_mixed:
-            dropped = drop_mixed_shards(out_dir, current_model_sha256(settings, op_list))
+            dropped = drop_mixed_shards(folder, current_model_sha256(settings, op_list))
             err.print(f"--redo-mixed: {len(dropped)} shard file(s) made by another model deleted")
         local_workers = workers or os.cpu_count() or 1
         report = extract_corpus(
-            settings, as_source(source), mend_url(out_dir), op_list, local_workers, shard_size, quiet, quality
+            settings, as_source(source), folder, op_list, local_workers, shard_size, quiet, quality
         )
     except RunError as exc:  # RunMetricsPortError too
         fail(exc.message)
     except KeyboardInterrupt:
-        err.print(f"interrupted; run the same command again to resume from {out_dir}")
+        err.print(f"interrupted; run the same command again to resume from {folder.display()}")
         raise typer.Exit(130) from None
-    print_outputs(out_dir, report)
+    print_outputs(folder, report)
     if audit_sample:
         from workers.corpus.audit import audit_output
 
-        audited = audit_output(Path(out_dir), settings, audit_sample, seed=0)
+        audited = audit_output(folder, settings, audit_sample, seed=0)
         for line in audited.lines():
             out.print(line)
         raise typer.Exit(0 if audited.ok else 1)
@@ -417,12 +425,13 @@ def audit(
     identical tokens; audit_min_cosine, default 0.9999), 2 when it could not run.
     """
     from pipeline.errors import VoxmillError
+    from pipeline.outputs.folder import RunFolder
     from workers.corpus.audit import audit_output
 
     settings = load_settings(models)
     require_models(settings, ["extract"], folder_only=True)
     try:
-        report = audit_output(out_dir, settings, sample, seed)
+        report = audit_output(RunFolder.of(out_dir), settings, sample, seed)
     except (VoxmillError, OSError, ValueError) as exc:
         fail(exc.message if isinstance(exc, VoxmillError) else f"cannot audit {out_dir}: {exc}")
     if as_json:
@@ -485,13 +494,14 @@ def demo(
     """Generate a small demo corpus and tiny stand-in models, then run `extract` on it (embedded Redis)."""
     from pipeline.demo import make_demo_corpus
     from pipeline.models.standin import make_standins
+    from pipeline.outputs.folder import RunFolder
     from workers.corpus.plan import RunError
     from workers.extract import extract_corpus
 
     settings = load_settings()
     data_dir = make_demo_corpus(folder / "corpus")
     make_standins(folder / "models", profile="tiny")
-    out_dir = folder / "out"
+    out_dir = RunFolder.of(folder / "out")
     out.print(f"demo corpus: {data_dir} (Kaldi data dir: wav.scp, utt2spk, text)")
     out.print(f"stand-in models (tiny, meaningless weights): {folder / 'models'}")
     # The demo's clips are synthetic tones, not speech: the speech check would refuse every one.
@@ -508,21 +518,19 @@ def demo(
     out.print("errors.jsonl names the broken clip; `make demo` again resumes (every shard is already done).")
 
 
-def print_outputs(out_dir: Path | str, report: dict[str, Any]) -> None:
-    """The summary of a run and its output files, one per line."""
-    from pipeline.storage.urls import is_url
+def print_outputs(out_dir: RunFolder, report: dict[str, Any]) -> None:
+    """The summary of a run and its output files, one per line (in a store, without asking it)."""
+    from pipeline.outputs.folder import RunFolder
     from workers.corpus.progress import summary_line, summary_table
 
-    out.print(summary_table(report, str(out_dir)))
+    out.print(summary_table(report, out_dir.display()))
     out.print(summary_line(report))
     ops = set(report.get("ops", {}))
-    names = ["speech_tokens.parquet"] if ops & {"tokenize", "extract"} else []
-    names += ["utt_embeddings.parquet", "spk_embeddings.parquet"] if ops & {"embed", "extract"} else []
-    for name in (*names, "utt_stats.parquet", "errors.jsonl", "report.json"):
-        if is_url(out_dir):
-            out.print(f"  {str(out_dir).rstrip('/')}/{name}")
-        elif (Path(out_dir) / name).exists():
-            out.print(f"  {Path(out_dir) / name}")
+    names = [RunFolder.SPEECH_TOKENS] if ops & {"tokenize", "extract"} else []
+    names += [RunFolder.UTT_EMBEDDINGS, RunFolder.SPK_EMBEDDINGS] if ops & {"embed", "extract"} else []
+    for name in (*names, RunFolder.UTT_STATS, RunFolder.ERRORS, RunFolder.REPORT):
+        if not out_dir.is_local or out_dir.location.exists(name):
+            out.print(f"  {out_dir.display(name)}")
 
 
 # --------------------------------------------------------------------------------- status

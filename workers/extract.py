@@ -8,9 +8,10 @@ workers first, so they load their models while this process probes the corpus an
 first shards. The driver, the Celery app, numpy, Arrow and redis-py are imported after the workers
 are spawned (`tests/unit/test_imports.py`).
 
-`out_dir` may be an object-store URL (`s3://bucket/run/`): the plan, the shard objects and the
-merged outputs are written there, and what must stay local (the lock's flock, an embedded run's
-`workers.log`) is in `run_state_dir/<hash of the URL>/` (see `workers.corpus.plan.StoreLock`).
+`out_dir` (a `pipeline.outputs.folder.RunFolder`) may be in an object store (`s3://bucket/run/`):
+the plan, the shard objects and the merged outputs are written there, and what must stay local
+(the lock's flock, an embedded run's `workers.log`) is in `run_state_dir/<hash of the URL>/`
+(`RunFolder.local_state`; see `workers.corpus.plan.StoreLock`).
 """
 
 from __future__ import annotations
@@ -24,18 +25,17 @@ from pipeline.audio.quality import QualityFilter
 from pipeline.corpus.reading import Source
 from pipeline.corpus.roots import corpus_roots
 from pipeline.errors import VoxmillError
+from pipeline.outputs.folder import RunFolder
 from pipeline.settings import Settings
-from pipeline.storage.locations import output_location
-from pipeline.storage.urls import mend_url
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
-from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, run_state_folder, task_ops
+from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, task_ops
 from workers.heartbeat import WorkerRecord, read_worker_records
 
 
 def extract_corpus(
     settings: Settings,
     source: Source,
-    out_dir: Path | str,
+    out_dir: RunFolder,
     ops: Sequence[str],
     workers: int,
     shard_size: int,
@@ -48,13 +48,10 @@ def extract_corpus(
     the worker processes ready now. `quality` leaves utterances out of the merged features.
     """
     started = time.monotonic()
-    out_dir = mend_url(out_dir)  # a URL given as a Path (`s3:/bucket/run`) is a URL again
     try:
         lock = lock_output(out_dir, settings.run_state_dir)
     except OSError as exc:
-        raise RunError(f"cannot use the output folder {out_dir}: {exc.strerror or exc}") from None
-    except VoxmillError as exc:  # a URL that cannot hold outputs (http://, credentials in it)
-        raise RunError(exc.message) from None
+        raise RunError(f"cannot use the output folder {out_dir.display()}: {exc.strerror or exc}") from None
     try:
         cluster: Cluster
         if settings.broker_url:
@@ -62,9 +59,7 @@ def extract_corpus(
         else:
             # Paths only: the local workers may read there (folders, and the listing's URL prefixes).
             folders, prefixes = corpus_roots(source)
-            local = output_location(out_dir).is_local
-            state = None if local else run_state_folder(out_dir, settings.run_state_dir)
-            cluster = EmbeddedCluster(settings, folders, out_dir, ops, workers, prefixes, state).start()
+            cluster = EmbeddedCluster(settings, folders, out_dir, ops, workers, prefixes).start()
             if not quiet:
                 print(f"extract: starting {workers} local worker(s) on an embedded Redis", flush=True)
         try:
@@ -111,7 +106,7 @@ def all_serve_extract(records: Sequence[WorkerRecord]) -> bool:
 def run_corpus(
     cluster: Cluster,
     planner: Planner,
-    out_dir: Path | str,
+    out_dir: RunFolder,
     quiet: bool = False,
     extra_report: dict[str, Any] | None = None,
     started: float | None = None,
@@ -136,8 +131,8 @@ def run_corpus(
     app = create_app(settings, polled_results=True)
     client = connections.broker_client(settings, socket_timeout=5, socket_connect_timeout=5)
     try:
-        # The observer names the output in its progress record (str of it): a URL string is fine.
-        observer = RunObserver(out_dir, client, settings.run_metrics_port, settings.metrics_bind)
+        # The observer names the output in its progress record, as given.
+        observer = RunObserver(out_dir.display(), client, settings.run_metrics_port, settings.metrics_bind)
         hooks = HookList([ProgressView(len(planner.ops), quiet=quiet), observer])
         driver = CorpusDriver(app, cluster, planner, out_dir, hooks)
         driver.run()
@@ -159,7 +154,8 @@ def run_corpus(
     buffer_rows = cluster.settings.merge_buffer_rows
     try:
         reader = PlanReader(out_dir)
-        return merge_outputs(out_dir, reader.specs(), extra, buffer_rows, quality, reader.header().ops)
+        specs, asked = reader.specs(), reader.header().ops
+        return merge_outputs(out_dir, specs, extra, buffer_rows, quality, asked)
     except VoxmillError as exc:
         raise RunError(exc.message) from None
 
@@ -182,41 +178,35 @@ def current_model_sha256(settings: Settings, ops: Sequence[str]) -> dict[str, st
     return current
 
 
-def drop_mixed_shards(out_dir: Path | str, current: dict[str, str]) -> list[str]:
+def drop_mixed_shards(out_dir: RunFolder, current: dict[str, str]) -> list[str]:
     """Delete the shard files some of whose rows another model than `current` made, so that the
     next run redoes them with the current one; their names. A run that has not started yet has none."""
-    from pipeline.outputs.writers import SHARDS_DIR, made_by_other_models, read_shard, shard_sha256s
+    from pipeline.outputs.writers import made_by_other_models, read_shard, shard_sha256s
 
-    out = output_location(mend_url(out_dir))
     dropped = []
-    for name in sorted(out.names(SHARDS_DIR)):
-        ref = f"{SHARDS_DIR}/{name}"
-        if not name.endswith(".parquet"):
-            continue
+    for name in sorted(out_dir.shard_files()):
         try:
-            found = shard_sha256s(read_shard(out.ref(ref)))
+            found = shard_sha256s(read_shard(out_dir.ref(name)))
         except VoxmillError as exc:
             raise RunError(exc.message) from None
         if made_by_other_models(found, current):
-            out.delete(ref)
-            dropped.append(ref)
+            out_dir.location.delete(name)
+            dropped.append(name)
     return dropped
 
 
 def merged_report(
-    out_dir: Path | str, fingerprint: str, quality: QualityFilter | None = None
+    out_dir: RunFolder, fingerprint: str, quality: QualityFilter | None = None
 ) -> dict[str, Any] | None:
     """The report of outputs already merged from this very plan with these filters (report.json is
     written last)."""
     import json
 
-    from pipeline.outputs.writers import REPORT_FILE
-
-    out = output_location(out_dir)
+    out = out_dir.location
     try:
-        if not out.exists(REPORT_FILE):
+        if not out.exists(RunFolder.REPORT):
             return None
-        report: dict[str, Any] = json.loads(out.read_bytes(REPORT_FILE))
+        report: dict[str, Any] = json.loads(out.read_bytes(RunFolder.REPORT))
     except (OSError, ValueError, VoxmillError):
         return None
     if report.get("plan_fingerprint") != fingerprint:

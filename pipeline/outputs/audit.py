@@ -31,13 +31,11 @@ import numpy as np
 
 from pipeline import errors
 from pipeline.errors import VoxmillError
+from pipeline.outputs.folder import RunFolder
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER
 from pipeline.settings import AudioLimits, Settings
 
 UNKNOWN_SHA256 = "unknown"
-TOKENS_FILE = "speech_tokens.parquet"
-EMBEDDINGS_FILE = "utt_embeddings.parquet"
-REPORT_FILE = "report.json"
 # Per-row sha256 column names a merged output may carry (the merge's name first).
 SHA256_COLUMNS = {
     ROLE_TOKENIZER: ("model_sha256", "tokenizer_sha256"),
@@ -286,7 +284,7 @@ def paths_by_utt(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return paths
 
 
-def read_stored_rows(out_dir: Path) -> dict[str, StoredRow]:
+def read_stored_rows(out_dir: RunFolder) -> dict[str, StoredRow]:
     """The rows of a finished run's outputs: `speech_tokens.parquet` and `utt_embeddings.parquet`.
 
     The sha256 of each row is its per-row column when the file has one (`model_sha256`, or the
@@ -295,18 +293,16 @@ def read_stored_rows(out_dir: Path) -> dict[str, StoredRow]:
     """
     import pyarrow.parquet as pq
 
-    out_dir = Path(out_dir)
-    fallback = _report_sha256(out_dir / REPORT_FILE)
+    fallback = _report_sha256(out_dir)
     tokens: dict[str, tuple[list[int], str | None]] = {}
     embeddings: dict[str, tuple[list[float], str | None]] = {}
     for file, role, column, into in (
-        (TOKENS_FILE, ROLE_TOKENIZER, "speech_token", tokens),
-        (EMBEDDINGS_FILE, ROLE_EMBEDDER, "embedding", embeddings),
+        (RunFolder.SPEECH_TOKENS, ROLE_TOKENIZER, "speech_token", tokens),
+        (RunFolder.UTT_EMBEDDINGS, ROLE_EMBEDDER, "embedding", embeddings),
     ):
-        path = out_dir / file
-        if not path.exists():
+        if not out_dir.location.exists(file):
             continue
-        table = pq.read_table(path)
+        table = pq.read_table(out_dir.ref(file))
         sha_column = next((c for c in SHA256_COLUMNS[role] if c in table.column_names), None)
         utts = table.column("utt").to_pylist()
         values = table.column(column).to_pylist()
@@ -326,11 +322,11 @@ def read_stored_rows(out_dir: Path) -> dict[str, StoredRow]:
     return rows
 
 
-def _report_sha256(path: Path) -> dict[str, str]:
+def _report_sha256(out_dir: RunFolder) -> dict[str, str]:
     """{role: sha256} of the run's models from report.json, for roles that did not change mid-run."""
     try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError):
+        report = json.loads(out_dir.location.read_bytes(RunFolder.REPORT))
+    except (OSError, ValueError, VoxmillError):
         return {}
     mixed = report.get("models_mixed") or {}
     models = report.get("models") or {}

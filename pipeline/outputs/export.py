@@ -30,13 +30,8 @@ import pyarrow.parquet as pq
 from pipeline.corpus.kaldi import KALDI_WAV_SCP
 from pipeline.corpus.listing import read_corpus
 from pipeline.errors import BAD_REQUEST, VoxmillError
-from pipeline.outputs.writers import (
-    SPEECH_TOKENS_FILE,
-    SPK_EMBEDDINGS_FILE,
-    UTT_EMBEDDINGS_FILE,
-    write_parquet,
-    write_text,
-)
+from pipeline.outputs.folder import RunFolder
+from pipeline.outputs.writers import write_parquet, write_text
 from pipeline.records import Utterance
 
 log = logging.getLogger(__name__)
@@ -144,7 +139,8 @@ def _check_ids_match(utts: list[Utterance], features: _Features, data_dir: Path,
 def _load_features(folder: Path) -> _Features:
     """Read speech_tokens, utt_embeddings and spk_embeddings parquet files and index them."""
     tables = [
-        _read_table(folder / name) for name in (SPEECH_TOKENS_FILE, UTT_EMBEDDINGS_FILE, SPK_EMBEDDINGS_FILE)
+        _read_table(folder / name)
+        for name in (RunFolder.SPEECH_TOKENS, RunFolder.UTT_EMBEDDINGS, RunFolder.SPK_EMBEDDINGS)
     ]
     features = _Features(*tables)
     features.token_row = _index(features.tokens, "utt")

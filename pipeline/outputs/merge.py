@@ -15,7 +15,7 @@ spooled locally and PUT as one object), so it is complete or absent either way. 
 utterances are the rows of its file (what the tar held, in the tar's order); each op's file of
 one tar must list the same rows.
 
-A shard the driver gave up on has a given-up file (`pipeline.outputs.writers.given_up_file_name`) whose
+A shard the driver gave up on has a given-up file (`pipeline.outputs.folder.RunFolder.given_up_file`) whose
 every row failed: it stands for the shard (even beside a shard file a late attempt wrote after),
 so its utterances are counted failed and listed in errors.jsonl. A given-up tar shard, whose
 utterances no file named, is the tar's one row, or the rows another op's file of it holds.
@@ -39,33 +39,24 @@ import pyarrow.parquet as pq
 
 from pipeline.audio.quality import STAT_FIELDS, QualityFilter
 from pipeline.errors import FILTERED, OUTPUT_ERROR, VoxmillError
+from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import (
     EMBEDDING_OPS,
-    ERRORS_FILE,
-    GIVEN_UP_SUFFIX,
     PROVENANCE_METADATA_KEY,
-    REPORT_FILE,
     SHA256_COLUMNS,
-    SHARDS_DIR,
-    SPEECH_TOKENS_FILE,
     SPEECH_TOKENS_SCHEMA,
-    SPK_EMBEDDINGS_FILE,
     SPK_EMBEDDINGS_SCHEMA,
     TOKEN_OPS,
-    UTT_EMBEDDINGS_FILE,
     UTT_EMBEDDINGS_SCHEMA,
-    UTT_STATS_FILE,
     UTT_STATS_SCHEMA,
     failed_shard_table,
-    given_up_file_name,
     read_shard,
-    shard_file_name,
     shard_models,
     write_table_at,
     write_text_at,
 )
 from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, Utterance
-from pipeline.storage.locations import OutputLocation, output_location
+from pipeline.storage.locations import OutputLocation
 
 DEFAULT_BUFFER_ROWS = 65536
 
@@ -252,10 +243,10 @@ class _Outputs:
         self.out = out
         self.stack = stack
         self.buffer_rows = buffer_rows
-        self.errors = io.TextIOWrapper(stack.enter_context(out.writer(ERRORS_FILE)), encoding="utf-8")
+        self.errors = io.TextIOWrapper(stack.enter_context(out.writer(RunFolder.ERRORS)), encoding="utf-8")
         self.tokens: _TableSink | None = None
         self.embeddings: _TableSink | None = None
-        self.stats = _TableSink(stack, out, UTT_STATS_FILE, UTT_STATS_SCHEMA, buffer_rows)
+        self.stats = _TableSink(stack, out, RunFolder.UTT_STATS, UTT_STATS_SCHEMA, buffer_rows)
         self.token_op = self.embed_op = ""
         self.speakers = _SpeakerSums()
 
@@ -267,11 +258,11 @@ class _Outputs:
         self.embed_op = next((op for op in ops if op in EMBEDDING_OPS), "")
         if self.token_op:
             self.tokens = _TableSink(
-                self.stack, self.out, SPEECH_TOKENS_FILE, SPEECH_TOKENS_SCHEMA, self.buffer_rows
+                self.stack, self.out, RunFolder.SPEECH_TOKENS, SPEECH_TOKENS_SCHEMA, self.buffer_rows
             )
         if self.embed_op:
             self.embeddings = _TableSink(
-                self.stack, self.out, UTT_EMBEDDINGS_FILE, UTT_EMBEDDINGS_SCHEMA, self.buffer_rows
+                self.stack, self.out, RunFolder.UTT_EMBEDDINGS, UTT_EMBEDDINGS_SCHEMA, self.buffer_rows
             )
 
     def add(self, op: str, ok: pa.Table) -> None:
@@ -294,7 +285,7 @@ class _Outputs:
 
 
 def merge_outputs(
-    out_dir: Path | str | OutputLocation,
+    out_dir: RunFolder,
     specs: Iterable[ShardSpec],
     report_extra: dict[str, Any],
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
@@ -313,28 +304,28 @@ def merge_outputs(
     hold the run's provenance. A missing shard file, or one whose rows are not its shard's
     utterances, is `VoxmillError("output_error")` and leaves the outputs as they were.
     """
-    out = output_location(out_dir)
+    out = out_dir.location
     quality = quality or QualityFilter()
     tally = _Tally()
-    given_up = {f"{SHARDS_DIR}/{n}" for n in out.names(SHARDS_DIR) if n.endswith(GIVEN_UP_SUFFIX)}
+    given_up = {name for name in out_dir.shard_files() if RunFolder.is_given_up(name)}
     with contextlib.ExitStack() as stack:
         outputs = _Outputs(out, stack, buffer_rows)
         for shard_specs in _by_shard(specs):
             outputs.open_for([op for spec in shard_specs for op in _reported(spec.op, ops)])
-            _merge_shard(out, shard_specs, tally, outputs, quality, ops, given_up)
+            _merge_shard(out_dir, shard_specs, tally, outputs, quality, ops, given_up)
         outputs.open_for(tally.ops)
         provenance = tally.provenance()
         outputs.close(provenance)
     if outputs.embeddings is not None:
         spk = outputs.speakers.table()
         spk = spk.replace_schema_metadata({PROVENANCE_METADATA_KEY: json.dumps(provenance, sort_keys=True)})
-        write_table_at(out, SPK_EMBEDDINGS_FILE, spk)
+        write_table_at(out, RunFolder.SPK_EMBEDDINGS, spk)
     report = tally.report()
     report["provenance"] = provenance
     if quality.active:
         report["filters"] = {**quality.to_dict(), "filtered_utterances": tally.filtered}
     report.update(report_extra)
-    write_text_at(out, REPORT_FILE, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    write_text_at(out, RunFolder.REPORT, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
 
 
@@ -360,7 +351,7 @@ def _reported(op: str, asked: Sequence[str] | None) -> list[str]:
 
 
 def _merge_shard(
-    out: OutputLocation,
+    out_dir: RunFolder,
     specs: list[ShardSpec],
     tally: _Tally,
     outputs: _Outputs,
@@ -370,7 +361,8 @@ def _merge_shard(
 ) -> None:
     """Fold one shard (every op's file of it: its given-up file, if it was given up) into the outputs."""
     names = [(spec, _file_name(spec, given_up)) for spec in specs]
-    read = [(spec, out.ref(name), read_shard(out.ref(name)), name in given_up) for spec, name in names]
+    refs = [(spec, out_dir.ref(name), name in given_up) for spec, name in names]
+    read = [(spec, ref, read_shard(ref), gave_up) for spec, ref, gave_up in refs]
     # A tar's utterances are what it held: the first op's rows (of a file not given up), the same
     # in every op's file; a given-up file of the tar fails each of them.
     first = next((table for _, _, table, gave_up in read if not gave_up), read[0][2])
@@ -387,8 +379,8 @@ def _merge_shard(
 
 def _file_name(spec: ShardSpec, given_up: frozenset[str] | set[str]) -> str:
     """The file that stands for a shard: its given-up file when it was given up."""
-    name = given_up_file_name(spec.op, spec.shard)
-    return name if name in given_up else shard_file_name(spec.op, spec.shard)
+    name = RunFolder.given_up_file(spec.op, spec.shard)
+    return name if name in given_up else RunFolder.shard_file(spec.op, spec.shard)
 
 
 def _as_rows(spec: ShardSpec, table: pa.Table, utts: list[str], spks: list[str]) -> pa.Table:

@@ -1,10 +1,10 @@
-"""Shard files of `voxmill extract` and the names of its outputs, every file written atomically.
+"""Shard files of `voxmill extract` and the schemas of its outputs, every file written atomically.
 
-A shard file (`shards/{op}-{shard:06d}.parquet`) holds one row per utterance of its `ShardSpec`, in
-the spec's order: `utt`, `spk` (string), `audio_seconds` (float64, null on error), `speech_token`
-(list<int32>), `embedding` (list<float32>; both null when failed or when the op has no such output),
-`error_code`, `error_message` (string, null on success). The schema metadata key `voxmill.models`
-holds the models used as JSON `{role: {"file", "sha256"}}`.
+A shard file (`RunFolder.shard_file`: `shards/{op}-{shard:06d}.parquet`) holds one row per
+utterance of its `ShardSpec`, in the spec's order: `utt`, `spk` (string), `audio_seconds` (float64,
+null on error), `speech_token` (list<int32>), `embedding` (list<float32>; both null when failed or
+when the op has no such output), `error_code`, `error_message` (string, null on success). The
+schema metadata key `voxmill.models` holds the models used as JSON `{role: {"file", "sha256"}}`.
 Wave 2 columns, all nullable: the clip's quality statistics (`pipeline.audio.quality.STAT_FIELDS`:
 `source_rate_hz`, `source_channels` int32, `source_codec` string, `duration_s`, `speech_s`,
 `speech_ratio`, `rms_dbfs`, `peak_dbfs`, `clipped_fraction` float64; present for every decoded
@@ -26,7 +26,7 @@ int32, a non-finite embedding value, a statistic of the wrong type: `row_problem
 an `output_error` of its utterance, and should the rows still not make a table, the file holds
 every utterance failed with the reason (`failed_shard_table`). Only writing the file can fail.
 A shard the driver gave up on (`workers.corpus.driver`: sent `shard_max_attempts` times without
-its file) gets `shards/{op}-{shard:06d}.given-up.parquet` instead, every utterance failed with
+its file) gets its given-up file (`RunFolder.given_up_file`) instead, every utterance failed with
 why: the merge takes it for the shard, and a resume counts the shard done.
 """
 
@@ -45,19 +45,13 @@ import pyarrow.parquet as pq
 
 from pipeline.audio.quality import STAT_FIELDS
 from pipeline.errors import INTERNAL, NOT_FOUND, OUTPUT_ERROR, VoxmillError
+from pipeline.outputs.folder import RunFolder
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, TaskResult, Utterance, encodable
-from pipeline.storage.locations import OutputLocation, atomic_write, output_location
+from pipeline.storage.locations import OutputLocation, atomic_write
 from pipeline.storage.objects import read_url
 from pipeline.storage.urls import is_url
 
 MODELS_METADATA_KEY = b"voxmill.models"
-SHARDS_DIR = "shards"
-GIVEN_UP_SUFFIX = ".given-up.parquet"
-SPEECH_TOKENS_FILE = "speech_tokens.parquet"
-UTT_EMBEDDINGS_FILE = "utt_embeddings.parquet"
-SPK_EMBEDDINGS_FILE = "spk_embeddings.parquet"
-ERRORS_FILE = "errors.jsonl"
-REPORT_FILE = "report.json"
 TOKEN_OPS = frozenset({"tokenize", "extract"})
 EMBEDDING_OPS = frozenset({"embed", "extract"})
 
@@ -100,7 +94,6 @@ UTT_EMBEDDINGS_SCHEMA = pa.schema(
         ("model_sha256", pa.string()),
     ]
 )
-UTT_STATS_FILE = "utt_stats.parquet"
 UTT_STATS_SCHEMA = pa.schema(
     [("utt", pa.string()), ("spk", pa.string()), *(SHARD_SCHEMA.field(n) for n in STAT_FIELDS)]
 )
@@ -141,23 +134,8 @@ def write_text_at(out: OutputLocation, name: str, text: str) -> None:
 # --------------------------------------------------------------------------- shard files
 
 
-def shard_path(out_dir: Path, op: str, shard: int) -> Path:
-    """Where the file of (op, shard) lives: `out_dir/shards/{op}-{shard:06d}.parquet`."""
-    return Path(out_dir) / SHARDS_DIR / f"{op}-{shard:06d}.parquet"
-
-
-def shard_file_name(op: str, shard: int) -> str:
-    """The shard file's name inside an output location: `shards/{op}-{shard:06d}.parquet`."""
-    return f"{SHARDS_DIR}/{op}-{shard:06d}.parquet"
-
-
-def given_up_file_name(op: str, shard: int) -> str:
-    """The file of a shard the driver gave up on: `shards/{op}-{shard:06d}.given-up.parquet`."""
-    return f"{SHARDS_DIR}/{op}-{shard:06d}{GIVEN_UP_SUFFIX}"
-
-
 def write_shard(
-    out_dir: Path | str | OutputLocation,
+    out_dir: RunFolder,
     spec: ShardSpec,
     results: list[TaskResult],
     utts: Sequence[Utterance] | None = None,
@@ -177,23 +155,19 @@ def write_shard(
     except Exception as exc:  # noqa: BLE001 - what `row_problem` missed: the rows fail, not the shard
         reason = f"the shard's rows cannot be stored ({type(exc).__name__}: {_short(str(exc))})"
         table = failed_shard_table(spec, rows, OUTPUT_ERROR, reason)
-    out = output_location(out_dir)
-    name = shard_file_name(spec.op, spec.shard)
-    write_table_at(out, name, table)
-    return out.ref(name)
+    name = out_dir.shard_file(spec.op, spec.shard)
+    write_table_at(out_dir.location, name, table)
+    return out_dir.ref(name)
 
 
-def write_given_up_shard(
-    out_dir: Path | str | OutputLocation, spec: ShardSpec, code: str, message: str
-) -> Path | str:
-    """Write the file of a shard given up on (`given_up_file_name`): each utterance of `spec`
+def write_given_up_shard(out_dir: RunFolder, spec: ShardSpec, code: str, message: str) -> Path | str:
+    """Write the file of a shard given up on (`RunFolder.given_up_file`): each utterance of `spec`
     failed with `code` and `message` (a tar shard, whose utterances no file names: one row, the
     tar). Returns its path or URL; `VoxmillError("output_error")` when it cannot be written."""
     rows = spec.utts or [Utterance(spec.tar, spec.tar)]
-    out = output_location(out_dir)
-    name = given_up_file_name(spec.op, spec.shard)
-    write_table_at(out, name, failed_shard_table(spec, rows, code, message))
-    return out.ref(name)
+    name = out_dir.given_up_file(spec.op, spec.shard)
+    write_table_at(out_dir.location, name, failed_shard_table(spec, rows, code, message))
+    return out_dir.ref(name)
 
 
 def failed_shard_table(spec: ShardSpec, utts: Sequence[Utterance], code: str, message: str) -> pa.Table:

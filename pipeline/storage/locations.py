@@ -2,7 +2,8 @@
 
 `OutputLocation` is the folder of a run: `LocalFolder` (a file is written to a temporary name,
 fsynced and renamed: `atomic_file`) or `ObjectFolder` (an object is one PUT of the whole object,
-which a store makes visible complete or not at all). Both list a sub-folder in one call.
+which a store makes visible complete or not at all). Both list a sub-folder in one call. The run
+whose folder it is, and the names of its files, are `pipeline.outputs.folder.RunFolder`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import IO
 
 from pipeline.errors import BAD_REQUEST, OUTPUT_ERROR, VoxmillError
 from pipeline.storage.objects import filesystem, list_url, read_url, url_exists, with_retries
-from pipeline.storage.urls import StoreUrl, is_url, mend_url, normalise_url, parse_url
+from pipeline.storage.urls import StoreUrl, is_url, parse_url
 
 WRITABLE_SCHEMES = ("s3", "gs", "gcs")
 
@@ -56,9 +57,6 @@ class LocalFolder:
     def delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self.root / name).unlink()
-
-    def child(self, folder: str) -> LocalFolder:
-        return LocalFolder(self.root / folder)
 
 
 @dataclass(frozen=True)
@@ -116,36 +114,22 @@ class ObjectFolder:
 
         with_retries(remove, self.ref(name), "cannot delete")
 
-    def child(self, folder: str) -> ObjectFolder:
-        return ObjectFolder(self.url.join(folder))
-
 
 # A run's output folder: names inside it are '/'-separated and relative. Both kinds answer
 # ref (a Path, or a URL string), display, exists, read_bytes, names (a sub-folder's file names,
-# one listing call), writer (complete or absent), delete and child.
+# one listing call), writer (complete or absent) and delete.
 OutputLocation = LocalFolder | ObjectFolder
 
 
-def output_location(out: str | os.PathLike[str] | OutputLocation) -> OutputLocation:
-    """The output location of a `--out` value: a URL (`s3://`, `gs://`) or a local folder."""
-    if isinstance(out, (LocalFolder, ObjectFolder)):
-        return out
-    out = mend_url(out)
+def output_location(out: str | os.PathLike[str]) -> OutputLocation:
+    """The output location of a `--out` value (mended: `pipeline.outputs.folder.RunFolder.of`): a
+    URL (`s3://`, `gs://`) or a local folder."""
     if isinstance(out, str) and is_url(out):
         url = parse_url(out)
         if url.scheme not in WRITABLE_SCHEMES:
             raise VoxmillError(BAD_REQUEST, f"cannot write outputs to {url.scheme}:// (use s3:// or gs://)")
         return ObjectFolder(url)
     return LocalFolder(Path(out))
-
-
-def location_name(out: Path | str) -> str:
-    """The canonical name of an output location (a resolved path or a normalised URL): what a
-    run's name and a shard spec's `out_dir` are made of."""
-    out = mend_url(out)
-    if isinstance(out, str) and is_url(out):
-        return normalise_url(out)
-    return str(Path(out).resolve())
 
 
 # --------------------------------------------------------------------------- atomic files

@@ -36,6 +36,7 @@ from kombu import Connection, Exchange, Producer
 from pipeline.audio.decode import load_audio
 from pipeline.demo import speechlike
 from pipeline.errors import VoxmillError
+from pipeline.outputs.folder import RunFolder
 from pipeline.records import TaskResult
 from pipeline.settings import AudioLimits
 from tests import speech_audio
@@ -835,7 +836,7 @@ def test_a_corpus_shard_mixing_bad_and_good_files(run: Run) -> None:
     assert run.corpus_out is not None
     from workers.corpus.plan import PlanReader
 
-    shards = list(PlanReader(run.corpus_out).specs())
+    shards = list(PlanReader(RunFolder.of(run.corpus_out)).specs())
     assert len(shards) == 1  # one shard holds every file, bad and good (both ops: one extract task)
     assert {u.utt for u in shards[0].utts} >= set(GOOD_UTTS) | {"fifo", "two_gb", "missing"}
     outcomes = corpus_outcomes(run.corpus_out)

@@ -23,6 +23,7 @@ import redis
 import soundfile as sf
 
 from pipeline.demo import speechlike
+from pipeline.outputs.folder import RunFolder
 from tests.conftest import make_settings
 from tests.fault.conftest import SHARD_SIZE, PrivateRedis
 from tests.fault.streams import executions
@@ -152,7 +153,8 @@ def test_a_worker_cut_off_from_redis_for_60_s_resumes_and_answers_once(
         from workers.extract import extract_corpus
 
         try:
-            run["report"] = extract_corpus(direct, fault_corpus, out, ["embed"], 2, SHARD_SIZE, True)
+            folder = RunFolder.of(out)
+            run["report"] = extract_corpus(direct, fault_corpus, folder, ["embed"], 2, SHARD_SIZE, True)
         except BaseException as exc:
             run["error"] = exc
 

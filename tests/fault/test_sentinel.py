@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
+from pipeline.outputs.folder import RunFolder
 from tests.conftest import make_settings
 from tests.fault.conftest import SHARD_SIZE
 from tests.fault.streams import ClientStream, SubmitRun, make_clips, wait_submitted
@@ -132,7 +133,7 @@ def test_primary_killed_mid_run_the_replica_takes_over(
 
         try:
             run["report"] = extract_corpus(
-                settings, fault_corpus, out, ["tokenize", "embed"], 2, SHARD_SIZE, True
+                settings, fault_corpus, RunFolder.of(out), ["tokenize", "embed"], 2, SHARD_SIZE, True
             )
         except BaseException as exc:
             run["error"] = exc

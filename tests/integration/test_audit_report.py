@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.audio.quality import STAT_FIELDS
 from pipeline.outputs.audit import AuditThresholds, audit_run, paths_by_utt, read_stored_rows
+from pipeline.outputs.folder import RunFolder
 from tests.browser import boxes, color_mask, dump_dom, needs_chromium, screenshot
 from tests.conftest import voxmill
 from tests.helpers import make_audio_folder
@@ -52,7 +53,7 @@ def test_the_shard_files_carry_the_stats(finished: tuple[Path, Path, Path]) -> N
 
 def test_an_honest_run_passes_its_audit(finished: tuple[Path, Path, Path]) -> None:
     corpus, out, models = finished
-    rows = read_stored_rows(out)
+    rows = read_stored_rows(RunFolder.of(out))
     assert len(rows) == CLIPS and all(r.speech_token and r.embedding for r in rows.values())
     report = audit_run(rows, corpus_paths(corpus), models, sample=5, seed=7, thresholds=AuditThresholds())
     assert report.ok, report.reasons
@@ -72,7 +73,8 @@ def test_a_tampered_output_fails_its_audit(finished: tuple[Path, Path, Path], tm
     victim = table.column("utt")[0].as_py()
     changed = table.set_column(1, "speech_token", pa.array(tokens, pa.list_(pa.int32())))
     pq.write_table(changed, copy / "speech_tokens.parquet")
-    report = audit_run(read_stored_rows(copy), corpus_paths(corpus), models, CLIPS, 0, AuditThresholds())
+    rows = read_stored_rows(RunFolder.of(copy))
+    report = audit_run(rows, corpus_paths(corpus), models, CLIPS, 0, AuditThresholds())
     assert not report.ok and any(victim in reason for reason in report.reasons), report.reasons
 
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from pipeline.outputs.writers import SHARDS_DIR
+from pipeline.outputs.folder import RunFolder
 from tests.conftest import VOXMILL, clean_env, make_settings, voxmill, wait_for
 from tests.helpers import make_audio_folder, read_outputs, worker_dicts
 
@@ -78,7 +78,7 @@ def start_extract(
 
 
 def shard_files(out: Path) -> list[Path]:
-    folder = out / SHARDS_DIR
+    folder = out / RunFolder.SHARDS
     return sorted(folder.glob("*.parquet")) if folder.exists() else []
 
 
@@ -236,7 +236,7 @@ def test_local_workers_that_exit_end_the_run_with_their_exit_code(
     settings = Settings(model_dir=tiny_models, broker_url=None)
     started = time.monotonic()
     with pytest.raises(RunError, match="exited with code 3.*workers.log"):
-        extract_corpus(settings, corpus, tmp_path / "out", ["embed"], 2, 0, quiet=True)
+        extract_corpus(settings, corpus, RunFolder.of(tmp_path / "out"), ["embed"], 2, 0, quiet=True)
     assert time.monotonic() - started < 30
 
 
@@ -259,7 +259,7 @@ def test_local_workers_that_cannot_load_their_model_end_the_run(
     settings = Settings(model_dir=models, broker_url=None, local_ready_timeout_s=4.0)
     out = tmp_path / "out"
     with pytest.raises(RunError, match="did not load their models within 4 s.*workers.log"):
-        workers.extract.extract_corpus(settings, corpus, out, ["embed"], 1, 0, quiet=True)
+        workers.extract.extract_corpus(settings, corpus, RunFolder.of(out), ["embed"], 1, 0, quiet=True)
     assert "could not load the embedder model" in (out / "workers.log").read_text()
 
 
@@ -274,7 +274,7 @@ def test_a_shard_whose_file_cannot_be_written_is_given_up_and_the_run_completes(
 
     corpus = make_audio_folder(tmp_path / "corpus", 6, 0.5, 1.0, speakers=2, seed=11)
     out = tmp_path / "out"
-    squatter = out / SHARDS_DIR / "extract-000001.parquet"
+    squatter = out / RunFolder.SHARDS / "extract-000001.parquet"
     squatter.mkdir(parents=True)
     (squatter / "not-a-shard").write_text("a folder where shard 1's file would go")
     started = time.monotonic()
@@ -284,7 +284,7 @@ def test_a_shard_whose_file_cannot_be_written_is_given_up_and_the_run_completes(
     report = json.loads((out / "report.json").read_text())
     assert report["ops"] == {"tokenize": {"ok": 4, "failed": 2}, "embed": {"ok": 4, "failed": 2}}
     assert report["given_up_shards"] == 1 and report["utterances"] == 6
-    shard_1 = next(utts for shard, utts in PlanReader(out).shards() if shard == 1)
+    shard_1 = next(utts for shard, utts in PlanReader(RunFolder.of(out)).shards() if shard == 1)
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     assert sorted((e["utt"], e["op"], e["code"]) for e in errors) == sorted(
         (u.utt, op, "output_error") for u in shard_1 for op in ("tokenize", "embed")
@@ -292,7 +292,7 @@ def test_a_shard_whose_file_cannot_be_written_is_given_up_and_the_run_completes(
     for error in errors:
         assert "was given up after 4 attempt(s)" in error["message"], error
         assert "Is a directory" in error["message"], error
-    assert (out / SHARDS_DIR / "extract-000001.given-up.parquet").is_file()
+    assert (out / RunFolder.SHARDS / "extract-000001.given-up.parquet").is_file()
     again = extract(corpus, out, tiny_models)
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads((out / "report.json").read_text()) == report

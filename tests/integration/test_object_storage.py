@@ -32,11 +32,12 @@ import pytest
 
 from pipeline.audio.decode import load_audio
 from pipeline.errors import NOT_FOUND, STORE_ERROR, TOO_LARGE, VoxmillError
+from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
 from pipeline.outputs.writers import read_shard, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
 from pipeline.settings import AudioLimits, Settings
-from pipeline.storage import locations, objects, urls
+from pipeline.storage import objects, urls
 from tests.conftest import make_settings
 from tests.helpers import make_audio_folder, read_outputs
 from workers.embedded import PROJECT_ROOT, free_port, worker_command
@@ -128,13 +129,14 @@ def test_the_storage_layer_on_a_real_s3_api(
     ]
     specs = [ShardSpec(0, "embed", "", utts[:1]), ShardSpec(1, "embed", "", utts[1:])]
     out = f"{bucket}/run"
+    remote, local = RunFolder.of(out), RunFolder.of(tmp_path / "local")
     for spec, result in zip(specs, results, strict=True):
-        path = write_shard(out, spec, [result])
+        path = write_shard(remote, spec, [result])
         assert path == f"{out}/shards/embed-{spec.shard:06d}.parquet"
         assert read_shard(path).column("utt").to_pylist() == [spec.utts[0].utt]
-        write_shard(tmp_path / "local", spec, [result])
-    assert locations.output_location(out).names("shards") == {"embed-000000.parquet", "embed-000001.parquet"}
-    assert merge_outputs(out, specs, {}) == merge_outputs(tmp_path / "local", specs, {})
+        write_shard(local, spec, [result])
+    assert remote.location.names(RunFolder.SHARDS) == {"embed-000000.parquet", "embed-000001.parquet"}
+    assert merge_outputs(remote, specs, {}) == merge_outputs(local, specs, {})
     assert read_outputs(_download(out, tmp_path / "copy")) == read_outputs(tmp_path / "local")
 
     # An unreachable store: store_error, bounded, and no secret in what is said.
@@ -231,7 +233,8 @@ def test_two_hosts_sharing_only_redis_and_s3_one_killed_match_a_local_run(
 
     # The reference: a local run of the same audio (embedded Redis, local worker, local folders).
     local_settings = Settings(model_dir=tiny_models, allowed_roots=(tmp_path,), speech_check=False)
-    extract_corpus(local_settings, local_manifest, tmp_path / "local-out", ops, 1, 3, quiet=True)
+    local_out = RunFolder.of(tmp_path / "local-out")
+    extract_corpus(local_settings, local_manifest, local_out, ops, 1, 3, quiet=True)
     reference = _comparable(read_outputs(tmp_path / "local-out"))
 
     hosts = [
@@ -263,7 +266,7 @@ def test_two_hosts_sharing_only_redis_and_s3_one_killed_match_a_local_run(
         killer = threading.Thread(target=kill_host_a_mid_run)
         killer.start()
         # One utterance per shard: 24 shards, so that the run is still going when A is killed.
-        report = extract_corpus(driver, s3_manifest, out, ops, 2, 1, quiet=True)
+        report = extract_corpus(driver, s3_manifest, RunFolder.of(out), ops, 2, 1, quiet=True)
         killer.join()
         assert "at" in killed and killed["at"] < 24, "host A was not killed mid-run"
         assert hosts[0].wait(timeout=10) == -signal.SIGKILL
@@ -276,18 +279,18 @@ def test_two_hosts_sharing_only_redis_and_s3_one_killed_match_a_local_run(
         assert outputs == reference
 
         # Resumed on the bucket: every shard object and the outputs are there; nothing is redone.
-        again = extract_corpus(driver, s3_manifest, out, ops, 2, 1, quiet=True)
+        again = extract_corpus(driver, s3_manifest, RunFolder.of(out), ops, 2, 1, quiet=True)
         assert again == report
 
         # The same audio as WebDataset tar shards in the bucket, by a brace pattern, to s3://.
         tars_out = f"{bucket}/out-tars"
         tar_report = extract_corpus(
-            driver, f"{bucket}/tars/{{000000..000003}}.tar", tars_out, ops, 1, 0, True
+            driver, f"{bucket}/tars/{{000000..000003}}.tar", RunFolder.of(tars_out), ops, 1, 0, True
         )
         assert tar_report["utterances"] == 24
         tar_outputs = _comparable(read_outputs(_download(tars_out, tmp_path / "copy-tars")))
         assert tar_outputs == reference
-        assert locations.output_location(tars_out).names("shards") == {
+        assert RunFolder.of(tars_out).location.names(RunFolder.SHARDS) == {
             f"extract-{n:06d}.parquet" for n in range(4)
         }  # one shard per tar, both ops in one task (every worker serves extract)
     finally:

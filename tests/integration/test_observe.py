@@ -69,7 +69,7 @@ def listening_addresses(port: int) -> set[str]:
 def test_a_run_observer_listens_where_metrics_bind_says(tmp_path: Path) -> None:
     for bind in ("127.0.0.1", "0.0.0.0"):
         port = free_port()
-        observer = RunObserver(tmp_path, None, port, Settings(metrics_bind=bind).metrics_bind)
+        observer = RunObserver(str(tmp_path), None, port, Settings(metrics_bind=bind).metrics_bind)
         observer.run_started()
         try:
             assert listening_addresses(port) == {bind}

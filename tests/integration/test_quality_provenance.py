@@ -15,7 +15,8 @@ import pytest
 import soundfile as sf
 
 from pipeline.models.standin import make_standins
-from pipeline.outputs.writers import PROVENANCE_METADATA_KEY, SHARDS_DIR
+from pipeline.outputs.folder import RunFolder
+from pipeline.outputs.writers import PROVENANCE_METADATA_KEY
 from tests.conftest import voxmill
 from tests.speech_audio import RATE, espeak_wave, needs_espeak
 
@@ -101,9 +102,9 @@ def test_speech_check_filters_and_provenance(tmp_path: Path, tiny_models: Path, 
     assert set(tokens.column("model_sha256").to_pylist()) == {sha256(tokenizer)}
 
     # Other filters re-merge what is there: nothing is extracted again.
-    shards = {p.name: p.stat().st_mtime_ns for p in (out / SHARDS_DIR).iterdir()}
+    shards = {p.name: p.stat().st_mtime_ns for p in (out / RunFolder.SHARDS).iterdir()}
     run(corpus, out, tiny_models, "--min-duration", "100")
-    assert {p.name: p.stat().st_mtime_ns for p in (out / SHARDS_DIR).iterdir()} == shards
+    assert {p.name: p.stat().st_mtime_ns for p in (out / RunFolder.SHARDS).iterdir()} == shards
     assert {row["code"] for row in errors_by_utt(out).values()} == {"no_speech", "empty", "filtered"}
     assert (
         not (out / "speech_tokens.parquet").exists()
@@ -121,7 +122,7 @@ def test_redo_mixed_redoes_the_shards_another_model_made(
     run(corpus, out, models, "--ops", "embed")
     old = sha256(models / "campplus.onnx")
     # Half the shards as if a reload had come mid-run: delete them, swap the model, resume.
-    shard_files = sorted((out / SHARDS_DIR).iterdir())
+    shard_files = sorted((out / RunFolder.SHARDS).iterdir())
     for path in shard_files[::2]:
         path.unlink()
     replaced = tmp_path / "replaced"

@@ -14,6 +14,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Producer
 
+from pipeline.outputs.folder import RunFolder
 from pipeline.records import TaskResult
 from tests.conftest import clean_env, flush_keeping_claim, make_settings, voxmill, wait_for
 from tests.helpers import make_audio_folder
@@ -99,7 +100,8 @@ def test_the_corpus_driver_wakes_on_shard_announcements_not_on_its_read_interval
     monkeypatch.setattr(workers.tuning, "SHARD_LOOK_S", 60.0)
     corpus = make_audio_folder(scratch / "announced-corpus", 6, 1.0, 2.0, seed=11)
     started = time.monotonic()
-    report = extract_corpus(settings, corpus, scratch / "announced-out", ["embed"], 2, 1, quiet=True)
+    out = RunFolder.of(scratch / "announced-out")
+    report = extract_corpus(settings, corpus, out, ["embed"], 2, 1, quiet=True)
     assert report["ops"]["embed"]["ok"] == 6
     assert time.monotonic() - started < 45
 

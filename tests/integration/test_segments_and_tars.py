@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
+from pipeline.outputs.folder import RunFolder
 from tests.conftest import make_settings
 from tests.helpers import make_audio_folder
 from workers.extract import extract_corpus
@@ -52,7 +53,7 @@ def test_segments_and_cuts_give_each_segment_the_features_of_its_clip(worker_set
     manifest.write_text(
         "".join(json.dumps({"utt": n, "path": str(next(clips.rglob(f"{n}.wav")))}) + "\n" for n in names)
     )
-    extract_corpus(worker_settings, manifest, tmp_path / "ref", OPS, 1, 2, quiet=True)
+    extract_corpus(worker_settings, manifest, RunFolder.of(tmp_path / "ref"), OPS, 1, 2, quiet=True)
 
     # A lhotse CutSet: one cut of the whole recording, a supervision per clip on channel 1.
     cut = {
@@ -76,7 +77,7 @@ def test_segments_and_cuts_give_each_segment_the_features_of_its_clip(worker_set
     with gzip.open(tmp_path / "cuts.jsonl.gz", "wt") as stream:
         stream.write(json.dumps(cut) + "\n")
     report = extract_corpus(
-        worker_settings, tmp_path / "cuts.jsonl.gz", tmp_path / "cuts-out", OPS, 1, 2, True
+        worker_settings, tmp_path / "cuts.jsonl.gz", RunFolder.of(tmp_path / "cuts-out"), OPS, 1, 2, True
     )
     assert report["utterances"] == 4
     assert report["audio_seconds"] == pytest.approx(len(mono) / 16000, abs=1e-3)
@@ -94,7 +95,8 @@ def test_segments_and_cuts_give_each_segment_the_features_of_its_clip(worker_set
     (tmp_path / "kaldi" / "segments").write_text(
         "".join(f"{n} rec1 {b[0]:.6f} {b[1]:.6f}\n" for n, b in zip(names, bounds, strict=True))
     )
-    report = extract_corpus(worker_settings, tmp_path / "kaldi", tmp_path / "kaldi-out", OPS, 1, 2, True)
+    out = RunFolder.of(tmp_path / "kaldi-out")
+    report = extract_corpus(worker_settings, tmp_path / "kaldi", out, OPS, 1, 2, True)
     ref, got = (
         _rows(tmp_path / "ref", "speech_tokens.parquet"),
         _rows(tmp_path / "kaldi-out", "speech_tokens.parquet"),
@@ -112,7 +114,7 @@ def test_local_tar_shards_match_their_files_and_a_broken_member_fails_alone(
     manifest.write_text(
         "".join(json.dumps({"utt": p.stem, "path": str(p), "spk": p.parent.name}) + "\n" for p in files)
     )
-    extract_corpus(worker_settings, manifest, tmp_path / "ref", OPS, 1, 3, quiet=True)
+    extract_corpus(worker_settings, manifest, RunFolder.of(tmp_path / "ref"), OPS, 1, 3, quiet=True)
     (tmp_path / "tars").mkdir()
     for number in range(2):
         with tarfile.open(tmp_path / "tars" / f"shard-{number}.tar", "w") as tar:
@@ -127,7 +129,8 @@ def test_local_tar_shards_match_their_files_and_a_broken_member_fails_alone(
                 info = tarfile.TarInfo("broken.flac")
                 info.size = len(junk)
                 tar.addfile(info, io.BytesIO(junk))
-    report = extract_corpus(worker_settings, tmp_path / "tars", tmp_path / "tar-out", OPS, 1, 0, quiet=True)
+    out = RunFolder.of(tmp_path / "tar-out")
+    report = extract_corpus(worker_settings, tmp_path / "tars", out, OPS, 1, 0, quiet=True)
     assert report["utterances"] == 7 and report["ops"]["tokenize"] == {"ok": 6, "failed": 1}
     errors = [json.loads(line) for line in (tmp_path / "tar-out" / "errors.jsonl").read_text().splitlines()]
     assert {(e["utt"], e["op"], e["code"]) for e in errors} == {("broken", op, "unreadable") for op in OPS}

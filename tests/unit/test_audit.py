@@ -26,6 +26,7 @@ from pipeline.outputs.audit import (
     read_stored_rows,
     token_agreement,
 )
+from pipeline.outputs.folder import RunFolder
 from pipeline.settings import Settings
 
 UTTS = [f"u{i}" for i in range(6)]
@@ -159,10 +160,10 @@ def test_read_stored_rows_takes_per_row_sha256_else_the_report(tmp_path: Path) -
         "models": {"tokenizer": {"file": "t.onnx", "sha256": "T"}, "embedder": {"file": "c", "sha256": "E"}}
     }
     (tmp_path / "report.json").write_text(json.dumps(report))
-    rows = read_stored_rows(tmp_path)
+    rows = read_stored_rows(RunFolder.of(tmp_path))
     assert rows["a"] == StoredRow("a", [1, 2], [0.5, 0.5], "t1", "E")
     assert rows["b"] == StoredRow("b", [3], None, "t2", None)
     assert rows["c"] == StoredRow("c", None, [1.0, 0.0], None, "E")
     report["models_mixed"] = {"embedder": []}  # the embedder changed mid-run: no run-wide sha256
     (tmp_path / "report.json").write_text(json.dumps(report))
-    assert read_stored_rows(tmp_path)["c"].embedder_sha256 is None
+    assert read_stored_rows(RunFolder.of(tmp_path))["c"].embedder_sha256 is None

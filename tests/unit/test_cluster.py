@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.corpus.roots import corpus_roots, outermost_folders
+from pipeline.outputs.folder import RunFolder
 from pipeline.settings import Settings
 from workers.corpus.cluster import EmbeddedCluster
 
@@ -36,7 +37,7 @@ def test_thousands_of_folders_reach_the_workers_in_a_private_file_not_the_enviro
 ) -> None:
     folders = [Path(f"/data/{'d' * 100}{i:05d}") for i in range(5000)]  # ~550 kB of ':'-joined roots
     settings = Settings(model_dir=tiny_models, allowed_roots=(tmp_path / "mine",))
-    cluster = EmbeddedCluster(settings, folders, tmp_path / "out", ["embed"], 1)
+    cluster = EmbeddedCluster(settings, folders, RunFolder.of(tmp_path / "out"), ["embed"], 1)
     try:
         env = cluster.settings.to_env()
         assert max(len(value) for value in env.values()) < 4096  # far below Linux's 128 kB per variable

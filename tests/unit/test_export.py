@@ -14,6 +14,7 @@ import soundfile as sf
 
 from pipeline.errors import BAD_REQUEST, VoxmillError
 from pipeline.outputs.export import NothingToExport, export_cosyvoice
+from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
 from pipeline.outputs.writers import write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
@@ -65,9 +66,9 @@ def corpus(tmp_path: Path) -> tuple[Path, Path]:
             )
             for u in corpus_utts
         ]
-        write_shard(features, spec, results)
+        write_shard(RunFolder.of(features), spec, results)
         specs.append(spec)
-    merge_outputs(features, specs, {})
+    merge_outputs(RunFolder.of(features), specs, {})
     return data, features
 
 

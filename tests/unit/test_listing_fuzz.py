@@ -25,6 +25,7 @@ import pytest
 from pipeline.corpus import kaldi, lhotse, manifest, reading, roots, tars
 from pipeline.corpus.check import check_listing, looks_clean
 from pipeline.corpus.listing import CorpusError, CorpusListing
+from pipeline.outputs.folder import RunFolder
 from pipeline.records import Utterance
 from pipeline.settings import Settings
 from workers.corpus.plan import Planner, PlanReader, RunError
@@ -353,12 +354,12 @@ def test_random_listing_lines_give_utterances_or_the_listings_error(
 def _plan(
     source: Path, out: Path, settings: Settings, utts: list[Utterance], problems: list[str], where: str
 ) -> None:
-    planner = Planner(source, out, ["embed"], 0, settings, workers=2).start()
+    planner = Planner(source, RunFolder.of(out), ["embed"], 0, settings, workers=2).start()
     planner.join()
     if problems:
         assert isinstance(planner.error, RunError), f"{where}: planned despite {problems}"
         assert planner.planned == 0, f"{where}: shards planned before the refusal"
         return
     assert planner.error is None, f"{where}: {planner.error}\n{_show(source)}"
-    planned = [u for _, shard in PlanReader(out).shards() for u in shard]
+    planned = [u for _, shard in PlanReader(RunFolder.of(out)).shards() for u in shard]
     assert planned == utts, where

@@ -20,6 +20,7 @@ from pipeline.corpus.roots import corpus_roots
 from pipeline.corpus.sharding import shard_digest
 from pipeline.corpus.tars import iter_samples, split_key
 from pipeline.errors import BAD_REQUEST, EMPTY, NOT_FOUND, TOO_LARGE, TOO_LONG, UNREADABLE, VoxmillError
+from pipeline.outputs.folder import RunFolder
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import AudioLimits, Settings
 from workers.corpus.driver import InFlight, late_shards, shards_to_look_at
@@ -272,7 +273,7 @@ def test_tar_inputs_single_folder_list_and_pattern_are_one_entry_per_tar(tmp_pat
 def test_a_tar_plan_has_one_shard_per_tar_naming_the_tar(tmp_path: Path) -> None:
     for n in range(3):
         _tar(tmp_path / "shards" / f"{n}.tar", [])
-    out = tmp_path / "out"
+    out = RunFolder.of(tmp_path / "out")
     planner = Planner(tmp_path / "shards", out, ["embed", "tokenize"], 0, Settings(), workers=2).start()
     planner.join()
     assert planner.error is None and planner.utterances == 3 and planner.header and planner.header.tars

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.corpus.sharding import auto_shard_size, shard_size_for_durations
+from pipeline.outputs.folder import RunFolder
 from pipeline.settings import Settings
 from workers.corpus.plan import Planner, PlanReader, RunError
 
@@ -15,7 +16,7 @@ from workers.corpus.plan import Planner, PlanReader, RunError
 def plan_for(
     source: Path, out: Path, ops: list[str], size: int, settings: Settings, workers: int | None
 ) -> Planner:
-    planner = Planner(source, out, ops, size, settings, workers).start()
+    planner = Planner(source, RunFolder.of(out), ops, size, settings, workers).start()
     planner.join()
     if planner.error is not None:
         raise planner.error
@@ -23,7 +24,7 @@ def plan_for(
 
 
 def shard_sizes(out: Path) -> list[int]:
-    return [len(utts) for _, utts in PlanReader(out).shards()]
+    return [len(utts) for _, utts in PlanReader(RunFolder.of(out)).shards()]
 
 
 def manifest(tmp_path: Path, count: int, name: str = "corpus.jsonl", duration: float | None = None) -> Path:
@@ -100,7 +101,7 @@ def test_a_large_listing_is_cut_in_listing_order_across_chunks(tmp_path: Path) -
     out = tmp_path / "out"
     planner = plan_for(source, out, ["tokenize", "embed"], 0, Settings(shard_size=32), workers=2)
     assert planner.utterances == 20_000 and planner.planned == 625
-    specs = list(PlanReader(out).specs())
+    specs = list(PlanReader(RunFolder.of(out)).specs())
     assert [(s.shard, s.op) for s in specs[:3]] == [(0, "tokenize"), (0, "embed"), (1, "tokenize")]
     utts = [u.utt for s in specs if s.op == "embed" for u in s.utts]
     assert utts == [f"u{i:05d}" for i in range(20_000)]  # every utterance once, in listing order
@@ -122,7 +123,7 @@ def test_a_listing_problem_at_its_very_end_is_refused_before_any_shard_is_planne
     with source.open("a") as stream:
         stream.write('{"utt": "u00003", "path": "/a/again.wav"}\n')  # a duplicate at the very end
     out = tmp_path / "out"
-    planner = Planner(source, out, ["embed"], 0, Settings(shard_size=32), None).start()
+    planner = Planner(source, RunFolder.of(out), ["embed"], 0, Settings(shard_size=32), None).start()
     planner.join()
     assert isinstance(planner.error, RunError) and "duplicate utt 'u00003' (first on line 4)" in str(
         planner.error
@@ -138,14 +139,16 @@ def test_a_kaldi_dir_with_a_late_duplicate_or_side_file_problem_plans_nothing(tm
     lines = [f"u{i:06d} /a/u{i}.wav\n" for i in range(n)] + ["u020000 /a/again.wav\n"]
     (data / "wav.scp").write_text("".join(lines))
     (data / "utt2spk").write_text("".join(f"u{i:06d} s{i % 7}\n" for i in range(n)))
-    planner = Planner(data, tmp_path / "out", ["embed"], 0, Settings(shard_size=32), None).start()
+    out = RunFolder.of(tmp_path / "out")
+    planner = Planner(data, out, ["embed"], 0, Settings(shard_size=32), None).start()
     planner.join()
     assert planner.planned == 0 and isinstance(planner.error, RunError)
     assert f"wav.scp line {n + 1}: duplicate utt 'u020000' (first on line 20001)" in str(planner.error)
     (data / "wav.scp").write_text("".join(lines[:-1]))
     with (data / "utt2spk").open("a") as stream:
         stream.write("u000005 two words\n")
-    planner = Planner(data, tmp_path / "out2", ["embed"], 0, Settings(shard_size=32), None).start()
+    out = RunFolder.of(tmp_path / "out2")
+    planner = Planner(data, out, ["embed"], 0, Settings(shard_size=32), None).start()
     planner.join()
     assert planner.planned == 0 and isinstance(planner.error, RunError)
     assert f"utt2spk line {n + 1}: expected 'utt spk', got 'u000005 two words'" in str(planner.error)
@@ -155,7 +158,8 @@ def test_a_name_longer_than_max_text_chars_is_refused_with_its_line(tmp_path: Pa
     source = manifest(tmp_path, 10)
     with source.open("a") as stream:
         stream.write(json.dumps({"utt": "x" * 5000, "path": "/a/x.wav"}) + "\n")
-    planner = Planner(source, tmp_path / "out", ["embed"], 0, Settings(shard_size=4), None).start()
+    out = RunFolder.of(tmp_path / "out")
+    planner = Planner(source, out, ["embed"], 0, Settings(shard_size=4), None).start()
     planner.join()
     assert isinstance(planner.error, RunError) and planner.planned == 0
     assert "line 11: field 'utt' is 5000 characters long; the limit is 4096 (max_text_chars)" in str(
@@ -185,15 +189,17 @@ def test_a_plan_made_with_separate_tasks_resumes_with_them(tmp_path: Path) -> No
     settings = Settings()
     old = plan_for(source, out, ["tokenize", "embed"], 4, settings, None)
     assert "tasks" not in json.loads((out / "plan" / "header.json").read_text())  # as before
-    resumed = Planner(source, out, ["tokenize", "embed"], 4, settings, None, ["extract"])
+    resumed = Planner(source, RunFolder.of(out), ["tokenize", "embed"], 4, settings, None, ["extract"])
     assert resumed.ops == ["tokenize", "embed"] and resumed.requested_ops == old.requested_ops
     fresh = plan_for(source, tmp_path / "fresh", ["tokenize", "embed"], 4, settings, None)
-    one = Planner(source, tmp_path / "one", ["tokenize", "embed"], 4, settings, None, ["extract"]).start()
+    one_out = RunFolder.of(tmp_path / "one")
+    one = Planner(source, one_out, ["tokenize", "embed"], 4, settings, None, ["extract"]).start()
     one.join()
-    assert [s.op for s in PlanReader(tmp_path / "one").specs()] == ["extract"] * 3
-    assert len(list(PlanReader(tmp_path / "fresh").specs())) == 6 and fresh.ops == ["tokenize", "embed"]
+    assert [s.op for s in PlanReader(one_out).specs()] == ["extract"] * 3
+    fresh_specs = list(PlanReader(RunFolder.of(tmp_path / "fresh")).specs())
+    assert len(fresh_specs) == 6 and fresh.ops == ["tokenize", "embed"]
     with pytest.raises(RunError, match="different"):
-        Planner(source, tmp_path / "one", ["embed"], 4, settings, None)
+        Planner(source, one_out, ["embed"], 4, settings, None)
 
 
 def test_a_finished_plan_resumes_without_reading_an_unchanged_listing(
@@ -215,7 +221,7 @@ def test_a_finished_plan_resumes_without_reading_an_unchanged_listing(
         patched.setattr(listing.CorpusListing, "__iter__", unread)
         again = plan_for(source, out, ["embed"], 4, settings, None)
     assert (again.planned, again.utterances, again.fingerprint) == (first.planned, 10, first.fingerprint)
-    assert [len(utts) for _, utts in PlanReader(out).shards()] == [4, 4, 2]
+    assert [len(utts) for _, utts in PlanReader(RunFolder.of(out)).shards()] == [4, 4, 2]
 
     # A plan recorded before the digest existed is read in full once, then records it.
     record = json.loads(complete.read_text())

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
 from tests.browser import boxes, color_mask, dump_dom, needs_chromium, screenshot
@@ -88,9 +89,9 @@ def test_the_loader_reads_a_run_folder(tmp_path: Path) -> None:
     results.append(
         TaskResult(input="u3", op="embed", error={"code": "no_speech", "message": "m"}, stats=stats[3])
     )
-    write_shard(tmp_path, ShardSpec(0, "embed", str(tmp_path), utts[:2]), results[:2])
+    write_shard(RunFolder.of(tmp_path), ShardSpec(0, "embed", str(tmp_path), utts[:2]), results[:2])
     time.sleep(0.05)
-    write_shard(tmp_path, ShardSpec(1, "embed", str(tmp_path), utts[2:]), results[2:])
+    write_shard(RunFolder.of(tmp_path), ShardSpec(1, "embed", str(tmp_path), utts[2:]), results[2:])
     errors = [{"utt": "u3", "op": "embed", "code": "no_speech", "message": "m"}] * 2  # twice: counted once
     (tmp_path / "errors.jsonl").write_text("".join(json.dumps(e) + "\n" for e in errors))
     report = {

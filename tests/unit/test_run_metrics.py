@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
+from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import write_shard
 from pipeline.records import ShardResult, ShardSpec, TaskResult, Utterance
 from tests.unit.test_grafana import probe_json
@@ -89,10 +90,10 @@ def test_the_observer_reads_failures_by_code_from_the_shard_file(tmp_path: Path)
         TaskResult(input="u2", op="embed", error={"code": "not_found", "message": "x"}),
         TaskResult(input="u3", op="embed", error={"code": "too_short", "message": "x"}),
     ]
-    path = write_shard(tmp_path, spec, results)
+    path = write_shard(RunFolder.of(tmp_path), spec, results)
     assert failures_by_code(path) == {"too_short": 2, "not_found": 1}
     observer = RunObserver(
-        tmp_path, redis.Redis(port=free_port()), metrics_port=free_port(), metrics_addr="127.0.0.1"
+        str(tmp_path), redis.Redis(port=free_port()), metrics_port=free_port(), metrics_addr="127.0.0.1"
     )
     observer.run_started()
     try:
@@ -123,7 +124,7 @@ def test_without_a_port_nothing_is_imported_or_served() -> None:
     code = (
         "import sys; from pathlib import Path\n"
         "from workers.observe.run_metrics import RunObserver\n"
-        "o = RunObserver(Path('out'), None)\n"
+        "o = RunObserver('out', None)\n"
         "o.run_started(); o.shard_resubmitted(None)\n"
         "import json; print(json.dumps([type(o.metrics).__name__, 'prometheus_client' in sys.modules]))\n"
     )
@@ -135,6 +136,6 @@ def test_a_taken_port_is_a_clear_error_before_the_run() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        observer = RunObserver(Path("out"), None, metrics_port=port, metrics_addr="127.0.0.1")
+        observer = RunObserver("out", None, metrics_port=port, metrics_addr="127.0.0.1")
         with pytest.raises(RunMetricsPortError, match=f"cannot serve the run's metrics on port {port}"):
             observer.run_started()

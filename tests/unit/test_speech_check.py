@@ -15,6 +15,7 @@ from pipeline import Extractor
 from pipeline.audio.quality import STAT_FIELDS
 from pipeline.audio.vad import SpeechCheck
 from pipeline.inference import run_clip
+from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import SHARD_SCHEMA, read_shard, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
 from pipeline.settings import AudioLimits, Settings
@@ -91,7 +92,7 @@ def test_shard_rows_carry_stats_and_model_sha256(sessions: dict, hum_wav: Path, 
         results = [
             run_clip(u.utt, u.path, op, sessions, AudioLimits(), c) for u, c in zip(utts, checks, strict=True)
         ]
-        by_op[op] = read_shard(write_shard(tmp_path, spec, results)).to_pylist()
+        by_op[op] = read_shard(write_shard(RunFolder.of(tmp_path), spec, results)).to_pylist()
     assert pq.read_schema(tmp_path / "shards" / "embed-000000.parquet").names == SHARD_SCHEMA.names
     tok = {row["utt"]: row for row in by_op["tokenize"]}
     emb = {row["utt"]: row for row in by_op["embed"]}
@@ -110,5 +111,5 @@ def test_shard_rows_carry_stats_and_model_sha256(sessions: dict, hum_wav: Path, 
 def test_old_results_without_stats_still_write(tmp_path: Path) -> None:
     spec = ShardSpec(shard=1, op="embed", out_dir=str(tmp_path), utts=[Utterance("a", "/a.wav")])
     result = TaskResult(input="a", op="embed", embedding=[0.0] * 192, audio_seconds=1.0)
-    row = read_shard(write_shard(tmp_path, spec, [result])).to_pylist()[0]
+    row = read_shard(write_shard(RunFolder.of(tmp_path), spec, [result])).to_pylist()[0]
     assert row["duration_s"] is None and row["embedder_sha256"] is None and row["audio_seconds"] == 1.0

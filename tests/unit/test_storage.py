@@ -141,7 +141,6 @@ def test_output_locations_local_and_object(tmp_path: Path) -> None:
     assert local.names("nothing") == set()
     remote = locations.output_location("s3://bkt/run/../runs/1/")
     assert not remote.is_local and remote.ref("shards/a.parquet") == "s3://bkt/runs/1/shards/a.parquet"
-    assert locations.location_name("s3://bkt/runs/./1/") == "s3://bkt/runs/1"
     with pytest.raises(VoxmillError) as caught:
         locations.output_location("https://host/out")
     assert caught.value.code == BAD_REQUEST

@@ -16,8 +16,9 @@ import pytest
 
 from pipeline.errors import OUTPUT_ERROR, VoxmillError
 from pipeline.outputs import writers
+from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs, speaker_means
-from pipeline.outputs.writers import read_shard, shard_counts, shard_path, write_shard
+from pipeline.outputs.writers import read_shard, shard_counts, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
 from pipeline.storage import locations
 
@@ -50,15 +51,13 @@ def _temp_files(folder: Path) -> list[str]:
 # --------------------------------------------------------------------------- shards
 
 
-def test_shard_path_layout(tmp_path: Path) -> None:
-    assert shard_path(tmp_path, "embed", 12) == tmp_path / "shards" / "embed-000012.parquet"
-
-
 def test_write_shard_types_rows_and_metadata(tmp_path: Path) -> None:
     utts = [_utt("a", "s1"), _utt("b", "s2"), _utt("c", "s1")]
     spec = ShardSpec(shard=3, op="tokenize", out_dir=str(tmp_path), utts=utts)
     path = write_shard(
-        tmp_path, spec, [_ok("tokenize", "a"), _failed("tokenize", "b"), _ok("tokenize", "c", 2.0)]
+        RunFolder.of(tmp_path),
+        spec,
+        [_ok("tokenize", "a"), _failed("tokenize", "b"), _ok("tokenize", "c", 2.0)],
     )
     assert path == tmp_path / "shards" / "tokenize-000003.parquet"
     assert _temp_files(tmp_path) == []
@@ -84,7 +83,7 @@ def test_write_shard_types_rows_and_metadata(tmp_path: Path) -> None:
 
 def test_write_shard_embed_rows_are_float32(tmp_path: Path) -> None:
     spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
-    table = read_shard(write_shard(tmp_path, spec, [_ok("embed", "a")]))
+    table = read_shard(write_shard(RunFolder.of(tmp_path), spec, [_ok("embed", "a")]))
     assert table.column("embedding").to_pylist()[0] == pytest.approx(_ok("embed", "a").embedding)
     assert table.column("embedding").type.value_type == pa.float32()
     assert table.column("speech_token").to_pylist() == [None]
@@ -92,8 +91,8 @@ def test_write_shard_embed_rows_are_float32(tmp_path: Path) -> None:
 
 def test_write_shard_overwrites_a_redelivered_shard(tmp_path: Path) -> None:
     spec = ShardSpec(shard=0, op="tokenize", out_dir=str(tmp_path), utts=[_utt("a", "s")])
-    write_shard(tmp_path, spec, [_failed("tokenize", "a")])
-    path = write_shard(tmp_path, spec, [_ok("tokenize", "a")])
+    write_shard(RunFolder.of(tmp_path), spec, [_failed("tokenize", "a")])
+    path = write_shard(RunFolder.of(tmp_path), spec, [_ok("tokenize", "a")])
     assert shard_counts(path) == (1, 0)
     assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["tokenize-000000.parquet"]
 
@@ -101,7 +100,7 @@ def test_write_shard_overwrites_a_redelivered_shard(tmp_path: Path) -> None:
 def test_write_shard_refuses_mismatched_results(tmp_path: Path) -> None:
     spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s"), _utt("b", "s")])
     with pytest.raises(VoxmillError):
-        write_shard(tmp_path, spec, [_ok("embed", "a")])
+        write_shard(RunFolder.of(tmp_path), spec, [_ok("embed", "a")])
 
 
 def test_a_row_the_file_cannot_hold_is_that_utterances_output_error(tmp_path: Path) -> None:
@@ -119,7 +118,7 @@ def test_a_row_the_file_cannot_hold_is_that_utterances_output_error(tmp_path: Pa
         replace(good, input="huge_emb", embedding=[1e39, 0.0]),
     ]
     spec = ShardSpec(shard=0, op="extract", out_dir=str(tmp_path), utts=utts)
-    rows = read_shard(write_shard(tmp_path, spec, results)).to_pylist()
+    rows = read_shard(write_shard(RunFolder.of(tmp_path), spec, results)).to_pylist()
     assert [r["utt"] for r in rows] == names
     assert rows[0]["error_code"] is None and rows[0]["speech_token"] == good.speech_token
     assert [r["error_code"] for r in rows[1:]] == [OUTPUT_ERROR] * 7
@@ -143,7 +142,7 @@ def test_rows_that_still_make_no_table_are_stored_every_one_failed(
     monkeypatch.setattr(writers, "storable_results", lambda op, results, utts: list(results))
     spec = ShardSpec(shard=2, op="tokenize", out_dir=str(tmp_path), utts=[_utt("a", "s"), _utt("b", "s")])
     bad = replace(_ok("tokenize", "b"), speech_token=[2**40])
-    rows = read_shard(write_shard(tmp_path, spec, [_ok("tokenize", "a"), bad])).to_pylist()
+    rows = read_shard(write_shard(RunFolder.of(tmp_path), spec, [_ok("tokenize", "a"), bad])).to_pylist()
     assert [r["error_code"] for r in rows] == [OUTPUT_ERROR, OUTPUT_ERROR]
     assert rows[0]["error_message"].startswith("the shard's rows cannot be stored (ArrowInvalid: ")
 
@@ -151,7 +150,8 @@ def test_rows_that_still_make_no_table_are_stored_every_one_failed(
 def test_a_tar_sample_whose_name_is_not_utf8_is_stored_escaped_and_failed(tmp_path: Path) -> None:
     name = "clip\udcff"  # a tar member name of invalid UTF-8, as tarfile decodes it
     spec = ShardSpec(shard=0, op="tokenize", out_dir=str(tmp_path), tar="/t/0.tar")
-    rows = read_shard(write_shard(tmp_path, spec, [_ok("tokenize", name)], [_utt(name, "s")])).to_pylist()
+    path = write_shard(RunFolder.of(tmp_path), spec, [_ok("tokenize", name)], [_utt(name, "s")])
+    rows = read_shard(path).to_pylist()
     assert rows[0]["utt"] == "clip\\udcff" and rows[0]["error_code"] == OUTPUT_ERROR
     wanted = "its result cannot be stored: its utt is not valid Unicode (stored escaped)"
     assert rows[0]["error_message"] == wanted
@@ -164,7 +164,7 @@ def test_write_failure_on_disk_full_leaves_nothing(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(locations.os, "replace", full)
     spec = ShardSpec(shard=1, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
     with pytest.raises(VoxmillError) as caught:
-        write_shard(tmp_path, spec, [_ok("embed", "a")])
+        write_shard(RunFolder.of(tmp_path), spec, [_ok("embed", "a")])
     assert caught.value.code == OUTPUT_ERROR
     assert "No space left on device" in caught.value.message
     assert "embed-000001.parquet" in caught.value.message
@@ -176,7 +176,7 @@ def test_write_failure_when_the_folder_cannot_exist(tmp_path: Path) -> None:
     blocker.write_text("a file where the output folder should be")
     spec = ShardSpec(shard=0, op="embed", out_dir=str(blocker), utts=[_utt("a", "s")])
     with pytest.raises(VoxmillError) as caught:
-        write_shard(blocker, spec, [_ok("embed", "a")])
+        write_shard(RunFolder.of(blocker), spec, [_ok("embed", "a")])
     assert caught.value.code == OUTPUT_ERROR
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -191,7 +191,7 @@ def test_write_failure_mid_write_removes_the_temporary(
     monkeypatch.setattr(writers.pq, "write_table", broken)
     spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
     with pytest.raises(VoxmillError) as caught:
-        write_shard(tmp_path, spec, [_ok("embed", "a")])
+        write_shard(RunFolder.of(tmp_path), spec, [_ok("embed", "a")])
     assert caught.value.code == OUTPUT_ERROR
     assert list((tmp_path / "shards").iterdir()) == []
 
@@ -216,14 +216,14 @@ def _run(tmp_path: Path, ops: tuple[str, ...] = ("tokenize", "embed")) -> list[S
                 _failed(op, u.utt) if u.utt == "e" or (u.utt == "c" and op != "tokenize") else _ok(op, u.utt)
                 for u in utts
             ]
-            write_shard(tmp_path, spec, results)
+            write_shard(RunFolder.of(tmp_path), spec, results)
             specs.append(spec)
     return specs
 
 
 def test_merge_writes_typed_outputs_in_shard_order(tmp_path: Path) -> None:
     specs = _run(tmp_path)
-    report = merge_outputs(tmp_path, specs, {"wall_seconds": 12.5, "fingerprint": "f"})
+    report = merge_outputs(RunFolder.of(tmp_path), specs, {"wall_seconds": 12.5, "fingerprint": "f"})
     tokens = pq.read_table(tmp_path / "speech_tokens.parquet")
     assert tokens.schema.names == ["utt", "speech_token", "model_sha256"]
     assert tokens.column("model_sha256").to_pylist() == [TOK["tokenizer"]["sha256"]] * 4
@@ -278,7 +278,7 @@ def test_merge_writes_typed_outputs_in_shard_order(tmp_path: Path) -> None:
 
 
 def test_merge_only_writes_the_outputs_of_the_ops_that_ran(tmp_path: Path) -> None:
-    report = merge_outputs(tmp_path, _run(tmp_path, ("embed",)), {})
+    report = merge_outputs(RunFolder.of(tmp_path), _run(tmp_path, ("embed",)), {})
     assert not (tmp_path / "speech_tokens.parquet").exists()
     assert (tmp_path / "utt_embeddings.parquet").exists() and (tmp_path / "spk_embeddings.parquet").exists()
     assert list(report["ops"]) == ["embed"] and report["models"] == EMB
@@ -286,7 +286,7 @@ def test_merge_only_writes_the_outputs_of_the_ops_that_ran(tmp_path: Path) -> No
 
 
 def test_merge_extract_op_writes_tokens_and_embeddings(tmp_path: Path) -> None:
-    report = merge_outputs(tmp_path, _run(tmp_path, ("extract",)), {})
+    report = merge_outputs(RunFolder.of(tmp_path), _run(tmp_path, ("extract",)), {})
     assert pq.read_table(tmp_path / "speech_tokens.parquet").num_rows == 3
     assert pq.read_table(tmp_path / "utt_embeddings.parquet").num_rows == 3
     assert report["ops"] == {"extract": {"ok": 3, "failed": 2}}
@@ -294,7 +294,7 @@ def test_merge_extract_op_writes_tokens_and_embeddings(tmp_path: Path) -> None:
 
 def test_merge_streams_in_bounded_row_groups(tmp_path: Path) -> None:
     specs = _run(tmp_path)
-    merge_outputs(tmp_path, specs, {}, buffer_rows=1)
+    merge_outputs(RunFolder.of(tmp_path), specs, {}, buffer_rows=1)
     tokens = pq.ParquetFile(tmp_path / "speech_tokens.parquet")
     assert tokens.metadata.num_row_groups >= 2  # flushed as it went, not held for one write
     assert tokens.read().column("utt").to_pylist() == ["c", "a", "b", "d"]
@@ -302,9 +302,9 @@ def test_merge_streams_in_bounded_row_groups(tmp_path: Path) -> None:
 
 def test_merge_missing_shard_is_output_error_naming_it(tmp_path: Path) -> None:
     specs = _run(tmp_path, ("tokenize",))
-    shard_path(tmp_path, "tokenize", 1).unlink()
+    (tmp_path / RunFolder.shard_file("tokenize", 1)).unlink()
     with pytest.raises(VoxmillError) as caught:
-        merge_outputs(tmp_path, specs, {})
+        merge_outputs(RunFolder.of(tmp_path), specs, {})
     assert caught.value.code == OUTPUT_ERROR
     assert "tokenize-000001.parquet" in caught.value.message
     assert not (tmp_path / "report.json").exists()
@@ -314,7 +314,7 @@ def test_merge_refuses_a_shard_file_from_another_plan(tmp_path: Path) -> None:
     specs = _run(tmp_path, ("tokenize",))
     stale = ShardSpec(shard=0, op="tokenize", out_dir=str(tmp_path), utts=[_utt("zz", "s9")])
     with pytest.raises(VoxmillError) as caught:
-        merge_outputs(tmp_path, [stale, specs[1]], {})
+        merge_outputs(RunFolder.of(tmp_path), [stale, specs[1]], {})
     assert caught.value.code == OUTPUT_ERROR and "'zz'" in caught.value.message
 
 
@@ -322,11 +322,11 @@ def test_merge_reports_mixed_models_across_shards(tmp_path: Path) -> None:
     utts = [_utt("a", "s"), _utt("b", "s"), _utt("c", "s")]
     new = {"embedder": {"file": "campplus.onnx", "sha256": "c" * 64}}
     specs = [ShardSpec(shard=i, op="embed", out_dir=str(tmp_path), utts=[u]) for i, u in enumerate(utts)]
-    write_shard(tmp_path, specs[0], [_ok("embed", "a")])
+    write_shard(RunFolder.of(tmp_path), specs[0], [_ok("embed", "a")])
     for spec in specs[1:]:
         result = _ok("embed", spec.utts[0].utt)
-        write_shard(tmp_path, spec, [TaskResult(**{**result.to_dict(), "models": new})])
-    report = merge_outputs(tmp_path, specs, {})
+        write_shard(RunFolder.of(tmp_path), spec, [TaskResult(**{**result.to_dict(), "models": new})])
+    report = merge_outputs(RunFolder.of(tmp_path), specs, {})
     assert report["models"] == new
     assert report["models_mixed"]["embedder"][0] == {**new["embedder"], "shards": 2}
 
@@ -351,13 +351,13 @@ def _stats_run(tmp_path: Path) -> list[ShardSpec]:
     specs = []
     for op in ("tokenize", "embed"):
         spec = ShardSpec(shard=0, op=op, out_dir=str(tmp_path), utts=utts)
-        write_shard(tmp_path, spec, [_with_stats(_ok(op, u.utt), ratios[u.utt]) for u in utts])
+        write_shard(RunFolder.of(tmp_path), spec, [_with_stats(_ok(op, u.utt), ratios[u.utt]) for u in utts])
         specs.append(spec)
     return specs
 
 
 def test_merge_writes_utt_stats_their_percentiles_and_provenance_in_every_file(tmp_path: Path) -> None:
-    report = merge_outputs(tmp_path, _stats_run(tmp_path), {})
+    report = merge_outputs(RunFolder.of(tmp_path), _stats_run(tmp_path), {})
     stats = pq.read_table(tmp_path / "utt_stats.parquet")
     assert stats.schema.names[:2] == ["utt", "spk"] and "speech_ratio" in stats.schema.names
     assert stats.column("utt").to_pylist() == ["a", "b", "c"]
@@ -378,7 +378,8 @@ def test_merge_writes_utt_stats_their_percentiles_and_provenance_in_every_file(t
 def test_a_quality_filter_leaves_utterances_out_and_lists_them_with_the_reason(tmp_path: Path) -> None:
     from pipeline.audio.quality import QualityFilter
 
-    report = merge_outputs(tmp_path, _stats_run(tmp_path), {}, quality=QualityFilter(min_speech_ratio=0.3))
+    quality = QualityFilter(min_speech_ratio=0.3)
+    report = merge_outputs(RunFolder.of(tmp_path), _stats_run(tmp_path), {}, quality=quality)
     assert pq.read_table(tmp_path / "speech_tokens.parquet").column("utt").to_pylist() == ["a", "c"]
     assert pq.read_table(tmp_path / "utt_embeddings.parquet").column("utt").to_pylist() == ["a", "c"]
     assert pq.read_table(tmp_path / "spk_embeddings.parquet").column("num_utts").to_pylist() == [1, 1]
@@ -408,8 +409,8 @@ def test_a_shard_made_by_another_model_is_told_by_its_rows(tmp_path: Path) -> No
 
 def test_merge_of_a_run_whose_every_utterance_failed_writes_empty_outputs(tmp_path: Path) -> None:
     spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
-    write_shard(tmp_path, spec, [_failed("embed", "a")])
-    report = merge_outputs(tmp_path, [spec], {})
+    write_shard(RunFolder.of(tmp_path), spec, [_failed("embed", "a")])
+    report = merge_outputs(RunFolder.of(tmp_path), [spec], {})
     assert report["ops"]["embed"] == {"ok": 0, "failed": 1}
     assert pq.read_table(tmp_path / "spk_embeddings.parquet").num_rows == 0
 
@@ -425,15 +426,17 @@ def test_an_extract_shard_run_for_both_ops_merges_as_the_two_ops_would(tmp_path:
             for op in ops:
                 spec = ShardSpec(shard=shard, op=op, out_dir=str(folder), utts=utts)
                 write_shard(
-                    folder, spec, [_failed(op, u.utt) if u.utt == "e" else _ok(op, u.utt) for u in utts]
+                    RunFolder.of(folder),
+                    spec,
+                    [_failed(op, u.utt) if u.utt == "e" else _ok(op, u.utt) for u in utts],
                 )
                 specs.append(spec)
         return specs
 
     two, one = tmp_path / "two", tmp_path / "one"
     two.mkdir(), one.mkdir()
-    apart = merge_outputs(two, run(two, ("tokenize", "embed")), {})
-    together = merge_outputs(one, run(one, ("extract",)), {}, ops=["tokenize", "embed"])
+    apart = merge_outputs(RunFolder.of(two), run(two, ("tokenize", "embed")), {})
+    together = merge_outputs(RunFolder.of(one), run(one, ("extract",)), {}, ops=["tokenize", "embed"])
     assert (
         together["ops"]
         == apart["ops"]

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 
 from pipeline.errors import VoxmillError
 from pipeline.models.registry import Registry
+from pipeline.outputs.folder import RunFolder
 from pipeline.records import ROLES_BY_OP
 from pipeline.settings import Settings
-from pipeline.storage.urls import is_url, normalise_url
 from workers.corpus.plan import RunError
 from workers.embedded import EmbeddedRedis, LocalWorkers, ProcessExited
 from workers.heartbeat import count_ready_workers
@@ -73,15 +73,15 @@ class EmbeddedCluster:
         self,
         settings: Settings,
         folders: Sequence[Path],
-        out_dir: Path | str,
+        out_dir: RunFolder,
         ops: Sequence[str],
         workers: int,
         url_prefixes: Sequence[str] = (),
-        state_dir: Path | None = None,
     ) -> None:
         """`folders` and `url_prefixes`: where the corpus's audio is (`pipeline.corpus.roots.corpus_roots`):
         the run's own workers may read there, as the person running it chose those files. An
-        object-store `out_dir` is allowed as a URL prefix; `workers.log` then goes to `state_dir`.
+        object-store `out_dir` is allowed as a URL prefix; `workers.log` then goes to the run's
+        local state folder (`RunFolder.local_state`).
 
         The folders may be thousands (one per speaker or chapter): they reach the workers in a
         file of this run's private temporary folder (`allowed_roots_file`, with any the settings
@@ -91,12 +91,10 @@ class EmbeddedCluster:
         self._private = tempfile.TemporaryDirectory(prefix="voxmill-run-")  # mode 0700
         url_roots = (*settings.allowed_url_roots, *url_prefixes)
         roots = tuple(settings.allowed_roots)
-        if isinstance(out_dir, str) and is_url(out_dir):
-            url_roots = (*url_roots, normalise_url(out_dir))
-            log_folder = state_dir or Path.cwd()
+        if out_dir.is_local:
+            roots = (*roots, Path(out_dir.name))
         else:
-            roots = (*roots, Path(out_dir).resolve())
-            log_folder = Path(out_dir)
+            url_roots = (*url_roots, out_dir.name)
         try:
             listed = [*settings.roots_from_file(), *folders]
         except (OSError, ValueError) as exc:
@@ -111,7 +109,7 @@ class EmbeddedCluster:
         }
         self.settings = settings.model_copy(update=update)
         self.workers = LocalWorkers(
-            self.settings, workers, queues=list(ops), log_path=log_folder / "workers.log"
+            self.settings, workers, queues=list(ops), log_path=out_dir.workers_log(settings.run_state_dir)
         )
         self._ready = False
         self._started_at = 0.0

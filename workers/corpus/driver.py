@@ -52,16 +52,11 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from pipeline.errors import INTERNAL, OUTPUT_ERROR, STORE_ERROR, VoxmillError
-from pipeline.outputs.writers import (
-    SHARDS_DIR,
-    given_up_file_name,
-    shard_counts,
-    shard_file_name,
-    write_given_up_shard,
-)
+from pipeline.outputs.folder import RunFolder
+from pipeline.outputs.writers import shard_counts, write_given_up_shard
 from pipeline.records import ShardResult, ShardSpec
 from pipeline.settings import Settings
-from pipeline.storage.locations import OutputLocation, output_location
+from pipeline.storage.locations import OutputLocation
 from workers import keys, tuning
 from workers.corpus.cluster import Cluster
 from workers.corpus.hooks import Counts, RunHooks, RunRound
@@ -106,9 +101,9 @@ SHARD_FAILURES = frozenset({OUTPUT_ERROR, INTERNAL})
 class Ledger:
     """The driver's view of the run: the shards in flight, the ones found done, the recent times."""
 
-    out_dir: Path | str
+    out_dir: RunFolder
     inflight: dict[str, InFlight] = field(default_factory=dict)
-    done_before: set[str] = field(default_factory=set)  # shard file names found at start
+    done_before: set[str] = field(default_factory=set)  # shard files found at start
     durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=tuning.RECENT_SHARDS))
     done: int = 0
     done_now: int = 0
@@ -118,10 +113,10 @@ class Ledger:
     out: OutputLocation = field(init=False)
 
     def __post_init__(self) -> None:
-        self.out = output_location(self.out_dir)
+        self.out = self.out_dir.location
 
     def file_of(self, spec: ShardSpec) -> Path | str:
-        return self.out.ref(shard_file_name(spec.op, spec.shard))
+        return self.out_dir.ref(self.out_dir.shard_file(spec.op, spec.shard))
 
     def exists(self, spec: ShardSpec) -> bool:
         """Whether the shard's file is written (a folder of that name, which no write can replace,
@@ -129,16 +124,17 @@ class Ledger:
         ref = self.file_of(spec)
         if isinstance(ref, Path):
             return ref.is_file()
-        return self.out.exists(shard_file_name(spec.op, spec.shard))
+        return self.out.exists(self.out_dir.shard_file(spec.op, spec.shard))
 
     def scan_finished(self) -> None:
         """The shard files already there (a resumed run): one listing of the folder."""
-        self.done_before = {n for n in self.out.names(SHARDS_DIR) if n.endswith(".parquet")}
+        self.done_before = self.out_dir.shard_files()
 
     def done_earlier(self, spec: ShardSpec) -> bool:
         """Whether an earlier run wrote the shard's file, or gave the shard up."""
-        names = (shard_file_name(spec.op, spec.shard), given_up_file_name(spec.op, spec.shard))
-        return any(name.rsplit("/", 1)[-1] in self.done_before for name in names)
+        op, shard = spec.op, spec.shard
+        names = (self.out_dir.shard_file(op, shard), self.out_dir.given_up_file(op, shard))
+        return any(name in self.done_before for name in names)
 
     def deadline_s(self, minimum_s: float, factor: float) -> float:
         if not self.durations_s:
@@ -218,7 +214,7 @@ class CorpusDriver:
     """Submits the shards of a plan to a cluster and follows them until every shard file exists."""
 
     def __init__(
-        self, app: Celery, cluster: Cluster, planner: Planner, out_dir: Path | str, hooks: RunHooks
+        self, app: Celery, cluster: Cluster, planner: Planner, out_dir: RunFolder, hooks: RunHooks
     ) -> None:
         self.app = app
         self.cluster = cluster
@@ -398,10 +394,10 @@ class CorpusDriver:
             # giving up every shard would only hide.
             raise RunError(
                 f"{message}; no worker has written a shard of this run: check that the workers can "
-                f"write {self.ledger.out.display()}"
+                f"write {self.ledger.out_dir.display()}"
             )
         try:
-            path = write_given_up_shard(self.ledger.out, spec, code, message)
+            path = write_given_up_shard(self.ledger.out_dir, spec, code, message)
         except VoxmillError as exc:
             raise RunError(f"{message}, and its given-up file cannot be written: {exc.message}") from None
         del self.ledger.inflight[spec.name]
@@ -428,14 +424,15 @@ class CorpusDriver:
             self.hooks.shard_resumed(spec)
             return
         self.ledger.done_now += 1
+        file = file or self.ledger.file_of(spec)
         if result is None:  # its announcement was lost: the file has the counts
-            ok, failed = shard_counts(self.ledger.file_of(spec))
+            ok, failed = shard_counts(file)
             result = ShardResult(spec.shard, spec.op, "", ok, failed, spec.audio_s, 0.0)
         if spec.tar:
             counts.tar_utterances += result.ok + result.failed
         counts.audio_done_s += result.audio_seconds
         counts.failed[spec.op] = counts.failed.get(spec.op, 0) + result.failed
-        self.hooks.shard_done(spec, result, file or self.ledger.file_of(spec))
+        self.hooks.shard_done(spec, result, file)
 
     def _show_progress(self) -> None:
         counts, plan = self.counts, self.planner.progress()

@@ -1,8 +1,8 @@
 """The plan of a `voxmill extract` run: its shards, written as the corpus listing streams by.
 
 `DIR/plan/` holds it, in files that are each written once, complete or absent (DIR may be a
-prefix in an object store, `s3://bucket/run/`: each file is then one object, one PUT; see
-`pipeline.storage.locations.OutputLocation`):
+prefix in an object store, `s3://bucket/run/`: each file is then one object, one PUT; the names
+are `pipeline.outputs.folder.RunFolder`'s):
 
 - `header.json`: the input, the ops, the shard size asked for and the one used, the run's name,
   and the ops its tasks run when not those (`tasks`: both ops as one `extract` task, `task_ops`);
@@ -30,12 +30,12 @@ a tar's utterances are known only once a worker reads it, so its plan entry name
 progress counts tars until their utterances are known.
 
 The output lock: a local folder is locked with `flock` on `DIR/.lock`. An object store has no
-flock: the run holds `flock` on a local state folder (`run_state_dir`, one per output URL: two
-runs on one machine) and a marker object `DIR/.lock.json` (host, pid, a token, refreshed every
-`LOCK_REFRESH_S`): a run finding another's marker fresher than `LOCK_STALE_S` (or of a live pid
-on this host) refuses to start. A store has no compare-and-swap here, so two runs started on two
-machines within the same second may both go on; their shards are idempotent, so the cost is
-duplicate work, not wrong outputs.
+flock: the run holds `flock` on a local state folder (`RunFolder.local_state` in `run_state_dir`,
+one per output URL: two runs on one machine) and a marker object `DIR/.lock.json` (host, pid, a
+token, refreshed every `LOCK_REFRESH_S`): a run finding another's marker fresher than
+`LOCK_STALE_S` (or of a live pid on this host) refuses to start. A store has no compare-and-swap
+here, so two runs started on two machines within the same second may both go on; their shards
+are idempotent, so the cost is duplicate work, not wrong outputs.
 """
 
 from __future__ import annotations
@@ -64,16 +64,11 @@ from pipeline.corpus.sharding import (
     shard_size_for_durations,
 )
 from pipeline.errors import RUN_ERROR, VoxmillError
+from pipeline.outputs.folder import RunFolder
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
-from pipeline.storage.locations import OutputLocation, location_name, output_location
+from pipeline.storage.locations import OutputLocation
 
-PLAN_DIR = "plan"
-HEADER_FILE = "header.json"
-COMPLETE_FILE = "complete.json"
-OLD_PLAN_FILE = "plan.json"
-LOCK_FILE = ".lock"
-STORE_LOCK_OBJECT = ".lock.json"
 LOCK_REFRESH_S = 20.0
 LOCK_STALE_S = 90.0  # a marker not refreshed for this long belongs to a run that is gone
 UNIT_TAR = "tar"
@@ -153,14 +148,15 @@ def task_ops(ops: Sequence[str], workers_serve_extract: bool) -> list[str]:
     return ["extract"] if both and workers_serve_extract else list(ops)
 
 
-def lock_output(out_dir: Path | str, state_dir: Path | None = None) -> IO[str] | StoreLock:
+def lock_output(out_dir: RunFolder, state_dir: Path) -> IO[str] | StoreLock:
     """Hold an exclusive lock on the output folder for the life of the run (`close()` frees it).
-    An object-store output is locked in `state_dir` and by a marker object (module docstring)."""
-    if isinstance(out_dir, str) and output_location(out_dir).is_local is False:
-        return StoreLock(output_location(out_dir), run_state_folder(out_dir, state_dir)).acquire()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return _flock(out_dir / LOCK_FILE, f"another `voxmill extract` is running on {out_dir}")
+    An object-store output is locked in its local state folder under `state_dir` and by a marker
+    object (module docstring)."""
+    lock = out_dir.lock_file(state_dir)
+    if not out_dir.is_local:
+        return StoreLock(out_dir, lock).acquire()
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    return _flock(lock, f"another `voxmill extract` is running on {out_dir.display()}")
 
 
 def _flock(path: Path, busy: str) -> IO[str]:
@@ -173,19 +169,13 @@ def _flock(path: Path, busy: str) -> IO[str]:
     return handle
 
 
-def run_state_folder(out_dir: Path | str, state_dir: Path | None = None) -> Path:
-    """The local folder of a run whose outputs are in an object store (its lock, workers.log)."""
-    name = location_name(out_dir)
-    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-    return Path(state_dir or Path(".voxmill/runs")).absolute() / digest
-
-
 class StoreLock:
     """The lock of an object-store output: a local flock plus a marker object (module docstring)."""
 
-    def __init__(self, out: OutputLocation, state: Path) -> None:
-        self.out = out
-        self.state = state
+    def __init__(self, out_dir: RunFolder, lock_file: Path) -> None:
+        self.out_dir = out_dir
+        self.out = out_dir.location
+        self.lock_file = lock_file  # in the run's local state folder
         self.token = secrets.token_hex(8)
         self._local: IO[str] | None = None
         self._stop = threading.Event()
@@ -197,19 +187,20 @@ class StoreLock:
         )
 
     def acquire(self) -> StoreLock:
+        state = self.lock_file.parent
         try:
-            self.state.mkdir(parents=True, exist_ok=True)
+            state.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             reason = exc.strerror or exc
-            raise RunError(f"cannot use the run's local state folder {self.state}: {reason}") from None
-        target = self.out.display()
+            raise RunError(f"cannot use the run's local state folder {state}: {reason}") from None
+        target = self.out_dir.display()
         busy = f"another `voxmill extract` on this machine writes {target}"
-        self._local = _flock(self.state / LOCK_FILE, busy)
+        self._local = _flock(self.lock_file, busy)
         try:
             self._check_marker()
             from pipeline.outputs.writers import write_text_at
 
-            write_text_at(self.out, STORE_LOCK_OBJECT, self._record())
+            write_text_at(self.out, RunFolder.STORE_LOCK, self._record())
             time.sleep(0.2)  # a racing run that wrote after us wins: look once more
             self._check_marker()
         except VoxmillError as exc:
@@ -222,10 +213,10 @@ class StoreLock:
         return self
 
     def _check_marker(self) -> None:
-        if not self.out.exists(STORE_LOCK_OBJECT):
+        if not self.out.exists(RunFolder.STORE_LOCK):
             return
         try:
-            marker = json.loads(self.out.read_bytes(STORE_LOCK_OBJECT))
+            marker = json.loads(self.out.read_bytes(RunFolder.STORE_LOCK))
         except ValueError:
             return  # not ours to read: written half by hand, or by an older voxmill
         if marker.get("token") == self.token:
@@ -234,8 +225,8 @@ class StoreLock:
             age = time.time() - float(marker.get("refreshed", 0))
             raise RunError(
                 f"another `voxmill extract` (host {marker.get('host')}, pid {marker.get('pid')}) holds "
-                f"{self.out.display(STORE_LOCK_OBJECT)}, refreshed {age:.0f} s ago; if that run is gone, "
-                f"delete the object or wait {LOCK_STALE_S:.0f} s"
+                f"{self.out_dir.display(RunFolder.STORE_LOCK)}, refreshed {age:.0f} s ago; if that run is "
+                f"gone, delete the object or wait {LOCK_STALE_S:.0f} s"
             )
 
     def _refresh(self) -> None:
@@ -243,7 +234,7 @@ class StoreLock:
 
         while not self._stop.wait(LOCK_REFRESH_S):
             try:
-                write_text_at(self.out, STORE_LOCK_OBJECT, self._record())
+                write_text_at(self.out, RunFolder.STORE_LOCK, self._record())
             except VoxmillError:
                 continue  # the next refresh may succeed; a stale marker only lets another run in
 
@@ -252,10 +243,10 @@ class StoreLock:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         try:
-            if self._local is not None and self.out.exists(STORE_LOCK_OBJECT):
-                marker = json.loads(self.out.read_bytes(STORE_LOCK_OBJECT))
+            if self._local is not None and self.out.exists(RunFolder.STORE_LOCK):
+                marker = json.loads(self.out.read_bytes(RunFolder.STORE_LOCK))
                 if marker.get("token") == self.token:
-                    self.out.delete(STORE_LOCK_OBJECT)
+                    self.out.delete(RunFolder.STORE_LOCK)
         except (VoxmillError, ValueError):
             pass  # left behind: stale after LOCK_STALE_S
         if self._local is not None:
@@ -283,15 +274,15 @@ def marker_is_live(marker: dict[str, Any], host: str, now: float) -> bool:
     return True
 
 
-def run_id(out_dir: Path | str, source: Source, ops: Sequence[str], shard_size: int) -> str:
+def run_id(out_dir: RunFolder, source: Source, ops: Sequence[str], shard_size: int) -> str:
     """The run's name on the broker: its output folder and what it extracts, so no two runs share one."""
-    text = json.dumps([location_name(out_dir), str(source), list(ops), shard_size])
+    text = json.dumps([out_dir.name, str(source), list(ops), shard_size])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def different_run(out_dir: Path | str) -> RunError:
+def different_run(out_dir: RunFolder) -> RunError:
     return RunError(
-        f"{out_dir} holds a run of a different corpus, ops or shard size; "
+        f"{out_dir.display()} holds a run of a different corpus, ops or shard size; "
         "use another --out folder, or delete this one to start over"
     )
 
@@ -319,7 +310,7 @@ class Planner:
     def __init__(
         self,
         source: Source,
-        out_dir: Path | str,
+        out_dir: RunFolder,
         ops: Sequence[str],
         shard_size: int,
         settings: Settings,
@@ -330,9 +321,7 @@ class Planner:
         check_ops(ops, requested)
         self.source = as_source(source)
         self.out_dir = out_dir
-        self.out = output_location(out_dir)
-        self.plan = self.out.child(PLAN_DIR)
-        self.folder = self.plan.display()
+        self.out = out_dir.location
         self.requested_ops = list(ops)  # what the run is asked for: the report's ops, the resume check
         self.ops = list(tasks or ops)  # what its shard tasks run (a resume: what the plan says)
         self.requested = requested
@@ -352,14 +341,14 @@ class Planner:
         self._thread = threading.Thread(target=self._plan, name="voxmill-planner", daemon=True)
 
     def _existing_header(self) -> PlanHeader | None:
-        if self.out.exists(OLD_PLAN_FILE):
+        if self.out.exists(RunFolder.OLD_PLAN):
             raise RunError(
-                f"{self.out_dir} holds a run of an earlier voxmill (plan.json); finish it with that "
-                "version, or delete the folder to start over"
+                f"{self.out_dir.display()} holds a run of an earlier voxmill (plan.json); finish it with "
+                "that version, or delete the folder to start over"
             )
-        if not self.plan.exists(HEADER_FILE):
+        if not self.out.exists(RunFolder.PLAN_HEADER):
             return None
-        header = PlanHeader.from_dict(json.loads(self.plan.read_bytes(HEADER_FILE)))
+        header = PlanHeader.from_dict(json.loads(self.out.read_bytes(RunFolder.PLAN_HEADER)))
         if header.ops != self.requested_ops or header.requested_shard_size != self.requested:
             raise different_run(self.out_dir)
         self.ops = header.task_ops
@@ -401,7 +390,8 @@ class Planner:
         except VoxmillError as exc:  # output_error writing a chunk
             self.error = RunError(exc.message)
         except OSError as exc:
-            self.error = RunError(f"cannot write the plan in {self.folder}: {exc.strerror or exc}")
+            plan = self.out_dir.display(RunFolder.PLAN)
+            self.error = RunError(f"cannot write the plan in {plan}: {exc.strerror or exc}")
         finally:
             with self._changed:
                 self.done = True
@@ -449,9 +439,9 @@ class Planner:
     def _adopt_finished_plan(self, digest: str) -> bool:
         """A resume whose plan is complete and whose listing files are those it was planned from:
         take the plan's counts as they are, without reading the listing again."""
-        if not self.plan.exists(COMPLETE_FILE):
+        if not self.out.exists(RunFolder.PLAN_COMPLETE):
             return False
-        record = json.loads(self.plan.read_bytes(COMPLETE_FILE))
+        record = json.loads(self.out.read_bytes(RunFolder.PLAN_COMPLETE))
         if record.get("listing_digest") != digest:
             return False
         self.utterances = int(record["utterances"])
@@ -486,7 +476,7 @@ class Planner:
         )
         from pipeline.outputs.writers import write_text_at
 
-        write_text_at(self.plan, HEADER_FILE, json.dumps(header.to_dict(), indent=1) + "\n")
+        write_text_at(self.out, RunFolder.PLAN_HEADER, json.dumps(header.to_dict(), indent=1) + "\n")
         self.header = header
         return header
 
@@ -512,12 +502,12 @@ class Planner:
         digests = [shard_digest(utts) for utts in shards]
         for digest in digests:
             fingerprint.update(digest.encode())
-        name = chunk_name(first // header.shards_per_chunk)
-        if self.plan.exists(name):
-            if read_chunk_digests(self.plan, name) != digests:
+        name = RunFolder.chunk_file(first // header.shards_per_chunk)
+        if self.out.exists(name):
+            if read_chunk_digests(self.out, name) != digests:
                 raise different_run(self.out_dir)
         else:
-            write_chunk(self.plan, name, first, shards, digests)
+            write_chunk(self.out, name, first, shards, digests)
         with self._changed:
             self.planned = first + len(shards)
             self._changed.notify_all()
@@ -535,13 +525,13 @@ class Planner:
         }
         if listing_digest is not None:
             record["listing_digest"] = listing_digest
-        if self.plan.exists(COMPLETE_FILE):
-            found = json.loads(self.plan.read_bytes(COMPLETE_FILE))
+        if self.out.exists(RunFolder.PLAN_COMPLETE):
+            found = json.loads(self.out.read_bytes(RunFolder.PLAN_COMPLETE))
             if found.get("fingerprint") != self.fingerprint:
                 raise different_run(self.out_dir)
             if found.get("listing_digest") == listing_digest:
                 return
-        write_text_at(self.plan, COMPLETE_FILE, json.dumps(record, indent=1) + "\n")
+        write_text_at(self.out, RunFolder.PLAN_COMPLETE, json.dumps(record, indent=1) + "\n")
 
 
 def _chain(first: list[Utterance], rest: Iterator[Utterance]) -> Iterator[Utterance]:
@@ -549,12 +539,8 @@ def _chain(first: list[Utterance], rest: Iterator[Utterance]) -> Iterator[Uttera
     yield from rest
 
 
-def chunk_name(number: int) -> str:
-    return f"chunk-{number:06d}.parquet"
-
-
 def write_chunk(
-    plan: OutputLocation, name: str, first_shard: int, shards: list[list[Utterance]], digests: list[str]
+    out: OutputLocation, name: str, first_shard: int, shards: list[list[Utterance]], digests: list[str]
 ) -> None:
     import pyarrow as pa
 
@@ -575,31 +561,31 @@ def write_chunk(
             "channel": pa.array([u.channel for _, u in rows], pa.int32()),
         }
     )
-    write_table_at(plan, name, table.replace_schema_metadata({DIGESTS_KEY: json.dumps(digests).encode()}))
+    write_table_at(out, name, table.replace_schema_metadata({DIGESTS_KEY: json.dumps(digests).encode()}))
 
 
-def _parquet_source(plan: OutputLocation, name: str) -> Any:
+def _parquet_source(out: OutputLocation, name: str) -> Any:
     """What pyarrow reads: the local path, or the object's bytes (one GET)."""
     import pyarrow as pa
 
-    if plan.is_local:
-        return plan.ref(name)
-    return pa.BufferReader(plan.read_bytes(name))
+    if out.is_local:
+        return out.ref(name)
+    return pa.BufferReader(out.read_bytes(name))
 
 
-def read_chunk_digests(plan: OutputLocation, name: str) -> list[str]:
+def read_chunk_digests(out: OutputLocation, name: str) -> list[str]:
     import pyarrow.parquet as pq
 
-    metadata = pq.read_schema(_parquet_source(plan, name)).metadata or {}
+    metadata = pq.read_schema(_parquet_source(out, name)).metadata or {}
     return list(json.loads(metadata.get(DIGESTS_KEY, b"[]")))
 
 
-def read_chunk(plan: OutputLocation, name: str) -> Iterator[tuple[int, list[Utterance]]]:
+def read_chunk(out: OutputLocation, name: str) -> Iterator[tuple[int, list[Utterance]]]:
     """(shard, utterances) of one chunk file, in shard order (a chunk written before segments
     existed has no segment columns: its utterances are whole files)."""
     import pyarrow.parquet as pq
 
-    columns = pq.read_table(_parquet_source(plan, name)).to_pydict()
+    columns = pq.read_table(_parquet_source(out, name)).to_pydict()
     count = len(columns["shard"])
     nothing: list[Any] = [None] * count
     current, utts = -1, list[Utterance]()
@@ -628,15 +614,15 @@ class PlanReader:
     """The shards of a plan in shard order, read chunk by chunk (one chunk in memory at a time);
     with a running `Planner`, it waits at the frontier for the next chunk."""
 
-    def __init__(self, out_dir: Path | str, planner: Planner | None = None) -> None:
+    def __init__(self, out_dir: RunFolder, planner: Planner | None = None) -> None:
         self.out_dir = out_dir
-        self.plan = output_location(out_dir).child(PLAN_DIR)
+        self.out = out_dir.location
         self.planner = planner
 
     def header(self) -> PlanHeader:
         if self.planner is not None and self.planner.header is not None:
             return self.planner.header
-        return PlanHeader.from_dict(json.loads(self.plan.read_bytes(HEADER_FILE)))
+        return PlanHeader.from_dict(json.loads(self.out.read_bytes(RunFolder.PLAN_HEADER)))
 
     def shards(self) -> Iterator[tuple[int, list[Utterance]]]:
         number, per_chunk = 0, self.header().shards_per_chunk
@@ -645,17 +631,17 @@ class PlanReader:
                 self.planner.wait_for((number + 1) * per_chunk, timeout_s=3600)
                 if self.planner.error is not None:
                     raise self.planner.error
-            name = chunk_name(number)
-            if not self.plan.exists(name):
+            name = RunFolder.chunk_file(number)
+            if not self.out.exists(name):
                 return
-            yield from read_chunk(self.plan, name)
+            yield from read_chunk(self.out, name)
             number += 1
 
     def specs(self) -> Iterator[ShardSpec]:
         """Every (shard, op) task of the plan, shard by shard, ops in the plan's order. A tar
         shard's spec names its tar and no utterances."""
         header = self.header()
-        out = location_name(self.out_dir)
+        out = self.out_dir.name
         for shard, utts in self.shards():
             for op in header.task_ops:
                 if header.tars:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.outputs.folder import RunFolder
+
 WIDTH, HEIGHT = 540, 300
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 56, 16, 34, 46
 BAR = "#2f6fdf"
@@ -293,17 +295,17 @@ def render_html(data: ReportData) -> str:
 def load_report_data(out_dir: Path) -> ReportData:
     """The page's data from an output folder (module docstring); missing files leave parts empty."""
     out_dir = Path(out_dir)
-    report = _read_json(out_dir / "report.json")
+    report = _read_json(out_dir / RunFolder.REPORT)
     data = ReportData(
         title=f"voxmill run: {out_dir.resolve().name}",
         models=dict(report.get("models") or {}),
         summary={k: report.get(k) for k in ("utterances", "audio_seconds", "wall_seconds", "ops")},
     )
-    data.failures_by_code = _failures_by_code(out_dir / "errors.jsonl")
-    stats, speakers, done = _read_shards(sorted((out_dir / "shards").glob("*.parquet")))
+    data.failures_by_code = _failures_by_code(out_dir / RunFolder.ERRORS)
+    stats, speakers, done = _read_shards(sorted((out_dir / RunFolder.SHARDS).glob("*.parquet")))
     data.durations_s = [d for d, _ in stats.values() if d is not None]
     data.speech_ratios = [r for _, r in stats.values() if r is not None]
-    embeddings = out_dir / "utt_embeddings.parquet"
+    embeddings = out_dir / RunFolder.UTT_EMBEDDINGS
     if embeddings.exists():
         import pyarrow.parquet as pq
 
@@ -314,7 +316,7 @@ def load_report_data(out_dir: Path) -> ReportData:
             speakers[utt] = spk
     for spk in speakers.values():
         data.utts_per_speaker[spk or "(none)"] = data.utts_per_speaker.get(spk or "(none)", 0) + 1
-    data.progress = _progress(done, out_dir / "report.json", report)
+    data.progress = _progress(done, out_dir / RunFolder.REPORT, report)
     return data
 
 

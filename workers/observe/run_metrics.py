@@ -194,7 +194,7 @@ def eta_seconds(counts: Counts) -> float | None:
 
 def progress_record(
     header: Any,
-    out_dir: Path | str,
+    out: str,
     counts: Counts,
     shards: Mapping[str, Any],
     eta_s: float | None,
@@ -210,7 +210,7 @@ def progress_record(
     return {
         "run": header.run,
         "input": str(header.source),
-        "out": str(out_dir),
+        "out": out,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "utterances_total": None if counts.units_total is None else counts.units_total // n_ops,
@@ -256,13 +256,13 @@ class RunObserver(RunHooks):
 
     def __init__(
         self,
-        out_dir: Path | str,
+        out: str,
         client: redis.Redis | None,
         metrics_port: int | None = None,
         metrics_addr: str = "127.0.0.1",
         ttl_s: int = RUN_PROGRESS_TTL_S,
     ) -> None:
-        self.out_dir = out_dir
+        self.out = out  # the output folder as given (`RunFolder.display`), for the record
         self.client = client
         self.metrics: NoRunMetrics = RunMetrics() if metrics_port else NoRunMetrics()
         self.metrics_port = metrics_port
@@ -327,7 +327,7 @@ class RunObserver(RunHooks):
             "in_flight": now.in_flight,
             "resubmitted": self.resubmits,
         }
-        record = progress_record(header, self.out_dir, counts, shards, eta_s, self.started_at)
+        record = progress_record(header, self.out, counts, shards, eta_s, self.started_at)
         try:
             publish_run_progress(self.client, header.run, record, self.ttl_s)
             self._published_at = moment

@@ -34,9 +34,9 @@ from pipeline import errors
 from pipeline.audio.decode import Segment
 from pipeline.errors import ModelUnavailable, VoxmillError
 from pipeline.inference import run_clip
-from pipeline.outputs.writers import shard_counts, shard_file_name, storable_results, write_shard
+from pipeline.outputs.folder import RunFolder
+from pipeline.outputs.writers import shard_counts, storable_results, write_shard
 from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult, Utterance
-from pipeline.storage.locations import OutputLocation, output_location
 from pipeline.storage.paths import ConfinedPath, Roots, resolve_allowed
 from pipeline.storage.urls import MAX_TEXT_CHARS, check_length
 from workers import keys
@@ -229,9 +229,9 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
     )
 
 
-def _output(out_dir: str, process: WorkerProcess) -> OutputLocation:
-    """The shard's output location: a folder inside the roots, or a URL inside the URL prefixes."""
-    return output_location(resolve_allowed(out_dir, process.roots, process.settings.allowed_url_roots))
+def _output(out_dir: str, process: WorkerProcess) -> RunFolder:
+    """The shard's run folder: a folder inside the roots, or a URL inside the URL prefixes."""
+    return RunFolder.of(resolve_allowed(out_dir, process.roots, process.settings.allowed_url_roots))
 
 
 def _utterance(process: WorkerProcess, utt: Utterance, op: str, sessions: Any) -> TaskResult:
@@ -301,10 +301,10 @@ def outcome_of(result: TaskResult) -> str:
     return "ok" if result.error is None else result.error.get("code", errors.INTERNAL)
 
 
-def finished_shard(out: OutputLocation, spec: ShardSpec) -> ShardResult | None:
+def finished_shard(out: RunFolder, spec: ShardSpec) -> ShardResult | None:
     """The counts of a shard whose file already exists (files are complete or absent), else None."""
-    name = shard_file_name(spec.op, spec.shard)
-    if not out.exists(name):
+    name = out.shard_file(spec.op, spec.shard)
+    if not out.location.exists(name):
         return None
     path = out.ref(name)
     try:
