@@ -98,8 +98,9 @@ class Load:
         """Wait for `job` (woken by its result); a task that raised or timed out is a failed job."""
         _, result = next(client.completed([job], timeout_s=60))
         finished = time.monotonic()
-        error = None if result.error is None else f"{result.error['code']}: {result.error['message']}"
-        return Completion(submitted, finished, result.models.get(self.role, {}).get("sha256", ""), error)
+        error = None if result.error is None else f"{result.error.code}: {result.error.message}"
+        ref = result.models.get(self.role)
+        return Completion(submitted, finished, ref.sha256 if ref else "", error)
 
     def rate(self, start: float, end: float) -> float:
         """Jobs per second finished in [start, end)."""

@@ -5,6 +5,8 @@ Codes are part of the contract (DESIGN.md): add new ones, never rename.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 NOT_FOUND = "not_found"
 FORBIDDEN_PATH = "forbidden_path"
 UNREADABLE = "unreadable"
@@ -61,6 +63,26 @@ CODES: tuple[str, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class ErrorRecord:
+    """An error as a result carries it across processes: its stable code and a person's message.
+
+    >>> ErrorRecord("not_found", "no such file: a.wav").to_dict()
+    {'code': 'not_found', 'message': 'no such file: a.wav'}
+    """
+
+    code: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The wire form: `{"code", "message"}`."""
+        return {"code": self.code, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, str]) -> ErrorRecord:
+        return cls(str(data["code"]), str(data["message"]))
+
+
 class VoxmillError(Exception):
     """A failure with a stable `code` and a message a person understands."""
 
@@ -71,9 +93,13 @@ class VoxmillError(Exception):
         self.code = code
         self.message = message
 
+    def record(self) -> ErrorRecord:
+        """What a result carries of this error."""
+        return ErrorRecord(self.code, self.message)
+
     def to_dict(self) -> dict[str, str]:
         """The wire form: `{"code", "message"}`."""
-        return {"code": self.code, "message": self.message}
+        return self.record().to_dict()
 
     @classmethod
     def from_dict(cls, data: dict[str, str]) -> VoxmillError:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from pipeline.errors import ErrorRecord
+
 OPS = ("tokenize", "embed", "extract")
 ROLE_TOKENIZER = "tokenizer"
 ROLE_EMBEDDER = "embedder"
@@ -108,6 +110,19 @@ class ModelRef:
         )
 
 
+def models_to_dict(models: dict[str, ModelRef]) -> dict[str, dict[str, str]]:
+    """The wire form of a result's models: `{role: {"file", "sha256", ...}}`."""
+    return {role: ref.to_dict() for role, ref in models.items()}
+
+
+def models_from_dict(data: dict[str, dict[str, str]] | None) -> dict[str, ModelRef]:
+    return {role: ModelRef.from_dict(role, ref) for role, ref in (data or {}).items()}
+
+
+def error_from_dict(data: dict[str, str] | None) -> ErrorRecord | None:
+    return None if data is None else ErrorRecord.from_dict(data)
+
+
 @dataclass(frozen=True)
 class ShardSpec:
     """One unit of corpus work: some utterances, one op, one output file.
@@ -172,19 +187,32 @@ class ShardResult:
     failed: int
     audio_seconds: float
     seconds: float
-    models: dict[str, dict[str, str]] = field(default_factory=dict)
-    error: dict[str, str] | None = None
+    models: dict[str, ModelRef] = field(default_factory=dict)
+    error: ErrorRecord | None = None
 
     @property
     def name(self) -> str:
         return f"{self.op}-{self.shard:06d}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["models"] = models_to_dict(self.models)
+        data["error"] = None if self.error is None else self.error.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShardResult:
-        return cls(**data)
+        return cls(
+            shard=int(data["shard"]),
+            op=str(data["op"]),
+            path=str(data["path"]),
+            ok=int(data["ok"]),
+            failed=int(data["failed"]),
+            audio_seconds=float(data["audio_seconds"]),
+            seconds=float(data["seconds"]),
+            models=models_from_dict(data.get("models")),
+            error=error_from_dict(data.get("error")),
+        )
 
 
 @dataclass(frozen=True)
@@ -199,8 +227,8 @@ class TaskResult:
     speech_token: list[int] | None = None
     embedding: list[float] | None = None
     audio_seconds: float | None = None
-    models: dict[str, dict[str, str]] = field(default_factory=dict)
-    error: dict[str, str] | None = None
+    models: dict[str, ModelRef] = field(default_factory=dict)
+    error: ErrorRecord | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     # Wave 2: the clip's quality statistics (pipeline/audio/quality.py `STAT_FIELDS`), also for a clip
     # refused after decoding (`no_speech`); None when it was never decoded.
@@ -211,7 +239,10 @@ class TaskResult:
         return self.error is None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["models"] = models_to_dict(self.models)
+        data["error"] = None if self.error is None else self.error.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskResult:
@@ -221,8 +252,8 @@ class TaskResult:
             speech_token=data.get("speech_token"),
             embedding=data.get("embedding"),
             audio_seconds=data.get("audio_seconds"),
-            models=dict(data.get("models") or {}),
-            error=data.get("error"),
+            models=models_from_dict(data.get("models")),
+            error=error_from_dict(data.get("error")),
             timings_ms=dict(data.get("timings_ms") or {}),
             stats=None if data.get("stats") is None else dict(data["stats"]),
         )

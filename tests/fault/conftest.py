@@ -208,7 +208,7 @@ class SubmitStream:
         self.stop()
         counts = {"submitted": len(self.jobs), "refused": self.refused, "ok": 0}
         for _, result in self.client.completed(self.jobs, timeout_s=timeout_s):
-            key = "ok" if result.error is None else result.error["code"]
+            key = "ok" if result.error is None else result.error.code
             counts[key] = counts.get(key, 0) + 1
             if key not in ("ok", "timeout"):
                 print(f"unexpected result: {result.error}")

@@ -121,7 +121,7 @@ class ClientStream:
                     index += 1
                 self.tally.submitted.update(job.id for job in jobs)
                 for job, result in self.client.completed(jobs, timeout_s=self.timeout_s):
-                    code = "ok" if result.error is None else result.error["code"]
+                    code = "ok" if result.error is None else result.error.code
                     self.tally.answer(job.id, code, time.monotonic() - job.sent_at)
                 if not jobs:
                     self._stop.wait(0.5)  # refused: the producer tries again a little later

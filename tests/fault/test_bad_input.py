@@ -522,7 +522,7 @@ class Run:
 
 def observed(result: TaskResult) -> Observed:
     if result.error:
-        return Observed(result.error["code"], result.error["message"], result=result)
+        return Observed(result.error.code, result.error.message, result=result)
     return Observed(OK, "", result.audio_seconds, result)
 
 
@@ -1060,7 +1060,7 @@ class SpeechSeen:
 
     @property
     def code(self) -> str:
-        return self.on.error["code"] if self.on.error else OK
+        return self.on.error.code if self.on.error else OK
 
 
 @pytest.fixture(scope="module")
@@ -1083,7 +1083,7 @@ def speech_run(tmp_path_factory: pytest.TempPathFactory, tiny_models: Path) -> d
         sf.write(path, case.wave(voice if voice is not None else np.zeros(0)), RATE, subtype="PCM_16")
         on = run_clip(case.name, path, "extract", sessions, AudioLimits(), check)
         without = run_clip(case.name, path, "extract", sessions, AudioLimits(), off)
-        seen[case.name] = SpeechSeen(on, without.error["code"] if without.error else OK)
+        seen[case.name] = SpeechSeen(on, without.error.code if without.error else OK)
     return seen
 
 
@@ -1092,7 +1092,7 @@ def test_speech_case(case: SpeechCase, speech_run: dict[str, SpeechSeen]) -> Non
     if case.name not in speech_run:
         pytest.skip(speech_audio.NO_ESPEAK)
     seen = speech_run[case.name]
-    message = seen.on.error["message"] if seen.on.error else ""
+    message = seen.on.error.message if seen.on.error else ""
     assert seen.code == case.code, f"{case.name}: {seen.code}: {message} ({seen.on.stats})"
     assert case.fragment in message
     assert seen.on.stats is not None and seen.on.stats["speech_s"] is not None
@@ -1105,7 +1105,7 @@ def speech_rows(seen: dict[str, SpeechSeen]) -> list[tuple[str, str, str, str, s
         got = seen[case.name]
         stats = got.on.stats or {}
         message = (
-            got.on.error["message"] if got.on.error else f"accepted: {stats.get('duration_s'):g} s decoded"
+            got.on.error.message if got.on.error else f"accepted: {stats.get('duration_s'):g} s decoded"
         )
         detected = f"{stats.get('speech_s', 0.0):.3f} s of {stats.get('duration_s', 0.0):.2f} s"
         rows.append((case.title, got.code, message, detected, got.off_code))

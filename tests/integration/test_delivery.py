@@ -92,8 +92,8 @@ def test_a_worker_that_cannot_load_its_model_is_a_model_error_at_once(
         time.sleep(0.1)
     started = time.monotonic()
     (result,) = Client(settings).run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=120)
-    assert result.error is not None and result.error["code"] == "model_error", result.error
-    assert "embedder" in result.error["message"] and str(empty) in result.error["message"]
+    assert result.error is not None and result.error.code == "model_error", result.error
+    assert "embedder" in result.error.message and str(empty) in result.error.message
     assert time.monotonic() - started < 10  # not the timeout, nor the worker's 8 retries
 
 
@@ -143,7 +143,7 @@ def test_a_lost_job_is_sent_again_and_a_queued_one_is_not(
     control.cancel_consumer("embed", destination=node, reply=True, timeout=10)
     job = client.submit("embed", audio_dir / "chirp_3s.wav")
     results = [result for _, result in client.completed([job], timeout_s=6)]
-    assert [r.error["code"] for r in results] == ["timeout"]  # waited in the queue all along
+    assert [r.error.code for r in results] == ["timeout"]  # waited in the queue all along
     assert client.resent == 0 and redis_client.llen("embed") == 1
     redis_client.delete("embed")  # the queue is lost
     control.add_consumer("embed", destination=node, reply=True, timeout=10)

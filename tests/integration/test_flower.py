@@ -79,7 +79,7 @@ def test_flower_shows_the_worker_its_queues_and_its_tasks(
         client = Client(settings)  # Flower hears task events only while it runs: jobs go in now
         jobs = client.submit_many("embed", [audio_dir / "chirp_3s.wav"] * 2 + [tmp_path / "missing.wav"])
         results = client.wait_all(jobs, timeout_s=60)
-        assert [r.error["code"] if r.error else "ok" for r in results] == ["ok", "ok", "not_found"]
+        assert [r.error.code if r.error else "ok" for r in results] == ["ok", "ok", "not_found"]
 
         def tasks_seen() -> dict[str, Any] | None:
             tasks = get(f"{url}/api/tasks?taskname=voxmill.embed")

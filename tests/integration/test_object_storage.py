@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from pipeline.audio.decode import load_audio
-from pipeline.errors import NOT_FOUND, STORE_ERROR, TOO_LARGE, VoxmillError
+from pipeline.errors import NOT_FOUND, STORE_ERROR, TOO_LARGE, ErrorRecord, VoxmillError
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
 from pipeline.outputs.writers import read_shard, write_shard
@@ -125,7 +125,7 @@ def test_the_storage_layer_on_a_real_s3_api(
     utts = [Utterance("a", "/x/a.wav", "s1"), Utterance("b", "/x/b.wav", "s1")]
     results = [
         TaskResult(input="a", op="embed", embedding=[0.5] * 4, audio_seconds=1.0),
-        TaskResult(input="b", op="embed", error={"code": "empty", "message": "clip is digital silence"}),
+        TaskResult(input="b", op="embed", error=ErrorRecord("empty", "clip is digital silence")),
     ]
     specs = [ShardSpec(0, "embed", "", utts[:1]), ShardSpec(1, "embed", "", utts[1:])]
     out = f"{bucket}/run"

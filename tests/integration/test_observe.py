@@ -40,8 +40,8 @@ def test_metrics_endpoint_has_the_named_series(
     start_worker(settings, concurrency=2)
     client = Client(settings)
     results = client.run("embed", [audio_dir / "chirp_3s.wav"] * 3 + [tmp_path / "missing.wav"], timeout_s=60)
-    assert [r.error["code"] if r.error else "ok" for r in results] == ["ok", "ok", "ok", "not_found"]
-    sha = results[0].models["embedder"]["sha256"][:12]
+    assert [r.error.code if r.error else "ok" for r in results] == ["ok", "ok", "ok", "not_found"]
+    sha = results[0].models["embedder"].sha256[:12]
     text = wait_for(lambda: (t := scrape(port)) and "voxmill_worker_rss_bytes" in t and t, timeout_s=20)
     count = [
         s for s in series(text, "voxmill_task_seconds_count") if 'op="embed"' in s and 'outcome="ok"' in s
@@ -115,7 +115,7 @@ def test_json_log_line_per_task_with_id_and_sha256(
     workers = start_worker(settings, concurrency=1, queues=("tokenize",))
     job = Client(settings).submit("tokenize", audio_dir / "chirp_3s.wav")
     result = Client(settings).wait_all([job], timeout_s=60)[0]
-    sha = result.models["tokenizer"]["sha256"]
+    sha = result.models["tokenizer"].sha256
 
     def task_line() -> dict | None:
         for line in workers.log_path.read_text().splitlines():

@@ -94,7 +94,7 @@ def test_a_real_prometheus_scrapes_a_worker_and_a_corpus_driver(
     results = Client(settings).run(
         "embed", [audio_dir / "chirp_3s.wav"] * 3 + [tmp_path / "missing.wav"], timeout_s=60
     )
-    assert [r.error["code"] if r.error else "ok" for r in results] == ["ok", "ok", "ok", "not_found"]
+    assert [r.error.code if r.error else "ok" for r in results] == ["ok", "ok", "ok", "not_found"]
     run = RunMetrics()
     run.identify("run-1", str(audio_dir))
     run.planned("embed", shards=2, utterances=8, audio_s=24.0)

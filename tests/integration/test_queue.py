@@ -68,9 +68,9 @@ def test_round_trip_by_path_and_by_bytes(
     assert by_path.speech_token == by_bytes.speech_token
     assert by_path.embedding == by_bytes.embedding
     if op in ("tokenize", "extract"):
-        assert by_path.models["tokenizer"]["sha256"] == sha256(tiny_models / "speech_tokenizer_v2.onnx")
+        assert by_path.models["tokenizer"].sha256 == sha256(tiny_models / "speech_tokenizer_v2.onnx")
     if op in ("embed", "extract"):
-        assert by_path.models["embedder"]["sha256"] == sha256(tiny_models / "campplus.onnx")
+        assert by_path.models["embedder"].sha256 == sha256(tiny_models / "campplus.onnx")
     assert set(by_path.timings_ms) >= {"decode"}
 
 
@@ -136,16 +136,16 @@ def test_bad_inputs_come_back_as_codes_and_the_worker_keeps_serving(
     sf.write(short, np.full(160, 0.1, dtype=np.float32), 16000)
     client = Client(settings)
     results = client.run("embed", [text, short, scratch / "missing.wav", b"", audio_dir / "chirp_3s.wav"])
-    codes = [r.error["code"] if r.error else "ok" for r in results]
+    codes = [r.error.code if r.error else "ok" for r in results]
     assert codes == ["unreadable", "too_short", "not_found", "empty", "ok"]
-    assert "at least 80 ms" in results[1].error["message"]
+    assert "at least 80 ms" in results[1].error.message
 
 
 def test_wrong_field_types_are_bad_request(worker, settings) -> None:
     app = Client(settings).app
     for payload in ({"path": 5}, {"audio": "not bytes"}, ["a list"], {"nothing": True}):
         value = app.send_task("voxmill.embed", args=[payload], queue="embed").get(timeout=30)
-        assert TaskResult.from_dict(value).error["code"] == "bad_request"
+        assert TaskResult.from_dict(value).error.code == "bad_request"
 
 
 def test_paths_outside_the_allowed_roots_are_forbidden(worker, settings, audio_dir, scratch) -> None:
@@ -156,7 +156,7 @@ def test_paths_outside_the_allowed_roots_are_forbidden(worker, settings, audio_d
     try:
         dotdot = str(audio_dir / ".." / ".." / outside.relative_to("/"))
         results = Client(settings).run("tokenize", [dotdot, outside, link, "/etc/passwd"])
-        assert [r.error["code"] for r in results] == ["forbidden_path"] * 4
+        assert [r.error.code for r in results] == ["forbidden_path"] * 4
     finally:
         outside.unlink()
 

@@ -196,7 +196,7 @@ def test_swap_under_a_steady_stream_loses_no_job(
     results = [(submitted, by_id[job.id]) for submitted, job in jobs]
     assert len(results) == 500
     assert [r.error for _, r in results if r.error] == []
-    shas = [r.models["embedder"]["sha256"] for _, r in results]
+    shas = [r.models["embedder"].sha256 for _, r in results]
     assert set(shas) == {old, new}
     after = [sha for (submitted, _), sha in zip(results, shas, strict=True) if submitted >= settled]
     assert len(after) >= 50, "too few jobs after the swap to tell anything"
@@ -222,7 +222,7 @@ def test_a_slow_copy_is_never_loaded_half_written(
     wait_for(lambda: all_serve(redis_client, "embedder", full, 1), timeout_s=30)
     assert rejection(redis_client, "embedder") == {}
     assert int(published(redis_client, "embedder")["generation"]) == generation + 1
-    assert {r.models["embedder"]["sha256"] for r in embed_ok(settings, audio_dir)} == {full}
+    assert {r.models["embedder"].sha256 for r in embed_ok(settings, audio_dir)} == {full}
 
 
 def test_bad_models_are_rejected_and_the_old_one_keeps_serving(
@@ -244,7 +244,7 @@ def test_bad_models_are_rejected_and_the_old_one_keeps_serving(
         wait_for(lambda r=rejected: rejection(redis_client, "embedder").get("sha256") == r, timeout_s=30)
 
         assert published(redis_client, "embedder") == before, name
-        assert {r.models["embedder"]["sha256"] for r in embed_ok(settings, audio_dir)} == {old}, name
+        assert {r.models["embedder"].sha256 for r in embed_ok(settings, audio_dir)} == {old}, name
         status = voxmill("status", "--json", env={"VOXMILL_BROKER_URL": settings.broker_url or ""})
         assert status.returncode == 0, status.stderr
         embedder = json.loads(status.stdout)["models"]["embedder"]
@@ -275,7 +275,7 @@ def test_a_symlink_swap_is_picked_up_and_a_deleted_file_keeps_the_old_session(
 
     (root / "v2" / EMBEDDER_FILE).unlink()
     wait_for(lambda: "embedder: no model file" in watcher.log(), timeout_s=30)
-    assert {r.models["embedder"]["sha256"] for r in embed_ok(settings, audio_dir)} == {v2}
+    assert {r.models["embedder"].sha256 for r in embed_ok(settings, audio_dir)} == {v2}
     assert published(redis_client, "embedder")["generation"] == generation
     assert serving(redis_client, "embedder") == {v2: serving(redis_client, "embedder")[v2]}
 
@@ -305,7 +305,7 @@ def test_a_late_worker_serves_the_new_generation_and_a_watcher_restart_reloads_n
     assert int(redis_client.get(keys.GENERATION_COUNTER.format(role="embedder"))) == generation
     time.sleep(0.5)  # a reload, if one were triggered, would show up within a few checks
     assert first.log_path.read_text().count("now serves") == reloads
-    assert {r.models["embedder"]["sha256"] for r in embed_ok(settings, audio_dir)} == {new}
+    assert {r.models["embedder"].sha256 for r in embed_ok(settings, audio_dir)} == {new}
 
 
 def test_a_worker_started_before_its_model_serves_it_once_it_lands(
@@ -344,7 +344,7 @@ def test_machines_converge_each_loading_its_own_copy(
     wait_for(lambda: set(embedder()["serving"]) == {old, new} and embedder()["reload_failures"], timeout_s=30)
     (failure,) = embedder()["reload_failures"].values()
     assert failure["sha256"] == new and "expected" in failure["reason"], failure
-    assert {r.models["embedder"]["sha256"] for r in embed_ok(lagging, audio_dir, n=8)} <= {old, new}
+    assert {r.models["embedder"].sha256 for r in embed_ok(lagging, audio_dir, n=8)} <= {old, new}
     generation = published(redis_client, "embedder")["generation"]
 
     land(other / EMBEDDER_FILE, new_model)  # the copy reaches the other machine

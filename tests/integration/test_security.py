@@ -322,7 +322,7 @@ def test_a_published_generation_never_makes_a_worker_load_a_path_from_redis(
     assert str(elsewhere) not in seen["reason"]
     result = Client(settings).run("embed", [audio_dir / "chirp_3s.wav"], timeout_s=60)[0]
     assert result.error is None
-    assert result.models["embedder"]["sha256"] == sha256_bytes(local.read_bytes())
+    assert result.models["embedder"].sha256 == sha256_bytes(local.read_bytes())
 
 
 # --------------------------------------------------------------------------- URL roots over HTTP
@@ -474,7 +474,7 @@ def test_a_worker_confines_url_jobs_and_bounds_every_string(
     start_worker(settings, concurrency=1, queues=("embed",))
     client = Client(settings)
     results = client.run("embed", [http_corpus.base + spelling for spelling in URL_CASES], timeout_s=60)
-    assert [r.error["code"] if r.error else None for r in results] == list(URL_CASES.values())
+    assert [r.error.code if r.error else None for r in results] == list(URL_CASES.values())
     assert results[0].audio_seconds == pytest.approx(3.0) and len(results[0].embedding or []) == 192
     assert not any(path.startswith("/secret/") for _, path in http_corpus.server.seen)
     # A megabyte of path or name is refused at the door, and the result does not carry it back.
@@ -483,6 +483,6 @@ def test_a_worker_confines_url_jobs_and_bounds_every_string(
         serializer = "msgpack" if "audio" in job else "json"
         value = client.app.send_task("voxmill.embed", args=[job], serializer=serializer, queue="embed")
         result = TaskResult.from_dict(value.get(timeout=30))
-        assert result.error is not None and result.error["code"] == "bad_request"
-        assert f"is {len(huge)} characters long; the limit is 4096" in result.error["message"]
+        assert result.error is not None and result.error.code == "bad_request"
+        assert f"is {len(huge)} characters long; the limit is 4096" in result.error.message
         assert len(result.input) < 4200

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from pipeline.errors import ErrorRecord
 from pipeline.records import TaskResult
 from pipeline.settings import Settings
 from tests.conftest import flush_keeping_claim
@@ -26,7 +27,7 @@ def test_bytes_over_the_limit_are_answered_too_large_without_a_broker() -> None:
         TaskResult(
             input="big.wav",
             op="embed",
-            error={"code": "too_large", "message": "payload is 32.2 MB; the limit is 32 MB"},
+            error=ErrorRecord("too_large", "payload is 32.2 MB; the limit is 32 MB"),
         )
     ]
     assert list(client.as_completed([job], timeout_s=5)) == results
@@ -35,10 +36,9 @@ def test_bytes_over_the_limit_are_answered_too_large_without_a_broker() -> None:
 def test_the_payload_limit_is_inclusive_and_comes_from_the_settings() -> None:
     assert payload_refusal("tokenize", "x", 1000, 1000) is None
     refused = payload_refusal("tokenize", "x", 1001, 1000)
-    assert refused is not None and refused.error == {
-        "code": "too_large",
-        "message": "payload is 1001 bytes; the limit is 1000 bytes",
-    }
+    assert refused is not None and refused.error == ErrorRecord(
+        "too_large", "payload is 1001 bytes; the limit is 1000 bytes"
+    )
     client = Client(Settings(broker_url=DEAD_BROKER, max_payload_bytes=1000))
     assert client.submit("tokenize", b"x" * 1001).answer is not None
 
@@ -67,5 +67,5 @@ def test_a_refused_job_keeps_its_place_among_the_sent_ones(redis_url: str, broke
         backend.store_result(job.id, done.to_dict(), "SUCCESS")
     results = client.wait_all(jobs, timeout_s=30)
     assert [r.input for r in results] == ["first", "too big", "third"]
-    assert [r.error["code"] if r.error else "ok" for r in results] == ["ok", "too_large", "ok"]
+    assert [r.error.code if r.error else "ok" for r in results] == ["ok", "too_large", "ok"]
     client.close()

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipeline.errors import INTERNAL, OUTPUT_ERROR
+from pipeline.errors import INTERNAL, OUTPUT_ERROR, ErrorRecord
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
 from pipeline.outputs.writers import write_given_up_shard, write_shard
-from pipeline.records import ShardSpec, TaskResult, Utterance
+from pipeline.records import ModelRef, ShardSpec, TaskResult, Utterance
 from workers.corpus.driver import InFlight, given_up_reason, judge_late, late_shards
 
 
@@ -43,7 +43,7 @@ def test_a_shard_sent_max_attempts_times_is_given_up_unless_a_live_worker_runs_i
 
 def test_a_given_up_shard_says_why_with_the_last_failure_heard_of() -> None:
     told = InFlight(
-        spec(5), 0.0, 4, failure={"code": OUTPUT_ERROR, "message": "cannot write x: Is a directory"}
+        spec(5), 0.0, 4, failure=ErrorRecord(OUTPUT_ERROR, "cannot write x: Is a directory")
     )
     code, message = given_up_reason(told)
     assert code == OUTPUT_ERROR
@@ -64,7 +64,7 @@ def test_the_merge_counts_a_given_up_shard_failed_even_beside_a_late_shard_file(
                 "embed",
                 embedding=[0.5, 0.25],
                 audio_seconds=1.0,
-                models={"embedder": {"file": "c.onnx", "sha256": "b" * 64}},
+                models={"embedder": ModelRef("embedder", "c.onnx", "b" * 64)},
             )
             for u in s.utts
         ]
@@ -86,7 +86,7 @@ def test_a_given_up_tar_shard_fails_what_another_ops_file_of_the_tar_held(tmp_pa
     tokenize = ShardSpec(shard=0, op="tokenize", out_dir=str(tmp_path), tar=tar)
     embed = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), tar=tar)
     held = [Utterance(f"k{i}", f"{tar}#k{i}.flac", "spk") for i in range(3)]
-    model = {"tokenizer": {"file": "t.onnx", "sha256": "a" * 64}}
+    model = {"tokenizer": ModelRef("tokenizer", "t.onnx", "a" * 64)}
     results = [
         TaskResult(u.utt, "tokenize", speech_token=[1, 2], audio_seconds=1.0, models=model) for u in held
     ]

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from pipeline.errors import BAD_REQUEST, VoxmillError
+from pipeline.errors import BAD_REQUEST, ErrorRecord, VoxmillError
 from pipeline.outputs.export import NothingToExport, export_cosyvoice
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
@@ -55,7 +55,7 @@ def corpus(tmp_path: Path) -> tuple[Path, Path]:
     for op in ("tokenize", "embed"):
         spec = ShardSpec(shard=0, op=op, out_dir=str(features), utts=corpus_utts)
         results = [
-            TaskResult(input=u.utt, op=op, error={"code": "unreadable", "message": "bad"})
+            TaskResult(input=u.utt, op=op, error=ErrorRecord("unreadable", "bad"))
             if u.utt == FAILED
             else TaskResult(
                 input=u.utt,

@@ -54,6 +54,9 @@ def test_a_producer_client_imports_no_inference_and_builds_one_app_and_no_holder
     assert isinstance(modules, list)
     assert not [m for m in modules if m.startswith(("onnxruntime", "numpy", "scipy"))]
     assert "workers.reload.holder" not in modules and "workers.queue.tasks" not in modules
+    # Issue 32: a producer loads the queue's glue and the records it sends, not the library.
+    faces = {"pipeline", "pipeline.storage", "workers", "workers.queue"}
+    assert len([m for m in modules if m.split(".")[0] in ("pipeline", "workers") and m not in faces]) <= 14
     assert found["apps"] == 1 and found["holders"] == 0
 
 

@@ -122,5 +122,5 @@ def test_run_clip_reports_the_source_and_levels(
 def test_a_clip_that_never_decoded_has_no_stats(sessions: dict, tmp_path: Path) -> None:
     (tmp_path / "text.wav").write_text("not audio\n" * 10)
     result = run_clip("x", tmp_path / "text.wav", "embed", sessions, AudioLimits(), SpeechCheck())
-    assert result.error is not None and result.error["code"] == "unreadable" and result.stats is None
+    assert result.error is not None and result.error.code == "unreadable" and result.stats is None
     assert TaskResult.from_dict({"input": "a", "op": "embed"}).stats is None  # an older result

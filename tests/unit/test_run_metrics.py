@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
+from pipeline.errors import ErrorRecord
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import write_shard
 from pipeline.records import ShardResult, ShardSpec, TaskResult, Utterance
@@ -86,9 +87,9 @@ def test_the_observer_reads_failures_by_code_from_the_shard_file(tmp_path: Path)
     spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=utts)
     results = [
         TaskResult(input="u0", op="embed", embedding=[0.0] * 4, audio_seconds=1.0),
-        TaskResult(input="u1", op="embed", error={"code": "too_short", "message": "x"}),
-        TaskResult(input="u2", op="embed", error={"code": "not_found", "message": "x"}),
-        TaskResult(input="u3", op="embed", error={"code": "too_short", "message": "x"}),
+        TaskResult(input="u1", op="embed", error=ErrorRecord("too_short", "x")),
+        TaskResult(input="u2", op="embed", error=ErrorRecord("not_found", "x")),
+        TaskResult(input="u3", op="embed", error=ErrorRecord("too_short", "x")),
     ]
     path = write_shard(RunFolder.of(tmp_path), spec, results)
     assert failures_by_code(path) == {"too_short": 2, "not_found": 1}

@@ -46,8 +46,8 @@ def test_settings_make_the_check(tmp_path: Path) -> None:
 
 def test_hum_is_no_speech_and_keeps_its_stats(sessions: dict, hum_wav: Path) -> None:
     result = run_clip("hum", hum_wav, "extract", sessions, AudioLimits(), SpeechCheck())
-    assert result.error is not None and result.error["code"] == "no_speech"
-    assert result.error["message"].startswith("detected speech is 0 ms of a 2.00 s clip")
+    assert result.error is not None and result.error.code == "no_speech"
+    assert result.error.message.startswith("detected speech is 0 ms of a 2.00 s clip")
     assert result.speech_token is None and result.embedding is None and result.audio_seconds is None
     assert result.stats is not None and result.stats["speech_s"] == 0.0 and result.stats["duration_s"] == 2.0
     assert result.stats["rms_dbfs"] == pytest.approx(10 * np.log10(0.3**2 / 2 + 0.1**2 / 2), abs=0.01)
@@ -72,7 +72,7 @@ def test_synthetic_speech_passes_with_its_speech_seconds(sessions: dict, tmp_pat
     assert 0.5 < stats["speech_ratio"] <= 1.0
     assert stats["speech_s"] == pytest.approx(stats["duration_s"] * stats["speech_ratio"], abs=2e-4)
     strict = run_clip("speech", path, "extract", sessions, AudioLimits(), SpeechCheck(min_speech_ms=60_000))
-    assert strict.error is not None and strict.error["code"] == "no_speech"  # the limit is the setting's
+    assert strict.error is not None and strict.error.code == "no_speech"  # the limit is the setting's
 
 
 def test_shard_rows_carry_stats_and_model_sha256(sessions: dict, hum_wav: Path, tmp_path: Path) -> None:

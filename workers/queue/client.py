@@ -54,12 +54,12 @@ from pipeline.errors import (
     TIMEOUT,
     TOO_LARGE,
     UNREADABLE,
+    ErrorRecord,
     VoxmillError,
 )
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
 from pipeline.storage.urls import is_url, mend_url
-from pipeline.units import format_bytes
 from workers import keys, tuning
 from workers.heartbeat import read_worker_records
 from workers.queue import connections
@@ -91,7 +91,7 @@ def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, Ta
     import stat
 
     def refused(code: str, message: str) -> tuple[bytes, TaskResult]:
-        return b"", TaskResult(input=str(path), op=op, error={"code": code, "message": message})
+        return b"", TaskResult(input=str(path), op=op, error=ErrorRecord(code, message))
 
     try:
         info = os.stat(path)
@@ -101,12 +101,8 @@ def read_payload(path: Path, op: str, max_payload_bytes: int) -> tuple[bytes, Ta
         return refused(UNREADABLE, f"cannot read {path}: {exc.strerror}")
     if not stat.S_ISREG(info.st_mode):
         return refused(UNREADABLE, f"{path} is not a regular file")
-    if info.st_size > max_payload_bytes:
-        limit_mb = max_payload_bytes / 2**20
-        return refused(
-            TOO_LARGE,
-            f"file is {info.st_size / 2**20:.1f} MB; jobs by bytes take at most {limit_mb:.0f} MB",
-        )
+    if (too_large := payload_refusal(op, str(path), info.st_size, max_payload_bytes)) is not None:
+        return b"", too_large
     try:
         return path.read_bytes(), None
     except OSError as exc:
@@ -118,8 +114,10 @@ def payload_refusal(op: str, label: str, size: int, max_payload_bytes: int) -> T
     else None."""
     if size <= max_payload_bytes:
         return None
+    from pipeline.units import format_bytes  # only a refused job needs the words
+
     message = f"payload is {format_bytes(size)}; the limit is {format_bytes(max_payload_bytes)}"
-    return TaskResult(input=label, op=op, error={"code": TOO_LARGE, "message": message})
+    return TaskResult(input=label, op=op, error=ErrorRecord(TOO_LARGE, message))
 
 
 
@@ -164,7 +162,7 @@ class Job:
 def timed_out(job: Job, timeout_s: float, reason: str = "") -> TaskResult:
     """The `timeout` error result of a job with no result by the deadline (and why, if known)."""
     message = f"no result within {timeout_s:g} s" + (f"; {reason}" if reason else "")
-    return TaskResult(input=job.label, op=job.op, error={"code": TIMEOUT, "message": message})
+    return TaskResult(input=job.label, op=job.op, error=ErrorRecord(TIMEOUT, message))
 
 
 def queued_ids(client: redis.Redis, queue: str, wanted: set[str]) -> set[str]:
@@ -385,7 +383,7 @@ class Client:
             for job in late:
                 reason = reasons[job.op]
                 if reason is not None:
-                    error = {"code": MODEL_ERROR, "message": reason}
+                    error = ErrorRecord(MODEL_ERROR, reason)
                     answered.append((job, TaskResult(input=job.label, op=job.op, error=error)))
             self._redeliver([job for job in late if reasons[job.op] is None], deliveries, view)
             return answered
@@ -477,4 +475,4 @@ class Client:
         if meta.get("status") == "SUCCESS" and isinstance(value, dict):
             return dataclasses.replace(TaskResult.from_dict(value), input=job.label)  # as the user gave it
         message = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else str(value)
-        return TaskResult(input=job.label, op=job.op, error={"code": INTERNAL, "message": message})
+        return TaskResult(input=job.label, op=job.op, error=ErrorRecord(INTERNAL, message))

@@ -32,11 +32,19 @@ from celery import Celery, Task
 
 from pipeline import errors
 from pipeline.audio.decode import Segment
-from pipeline.errors import ModelUnavailable, VoxmillError
+from pipeline.errors import ErrorRecord, ModelUnavailable, VoxmillError
 from pipeline.inference import run_clip
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import shard_counts, storable_results, write_shard
-from pipeline.records import ROLES_BY_OP, ShardResult, ShardSpec, TaskResult, Utterance
+from pipeline.records import (
+    ROLES_BY_OP,
+    ModelRef,
+    ShardResult,
+    ShardSpec,
+    TaskResult,
+    Utterance,
+    models_to_dict,
+)
 from pipeline.storage.paths import ConfinedPath, Roots, resolve_allowed
 from pipeline.storage.urls import MAX_TEXT_CHARS, check_length
 from workers import keys
@@ -141,7 +149,7 @@ def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, 
     try:
         label, source = decode_job(job, process.roots, settings.allowed_url_roots, settings.max_text_chars)
     except VoxmillError as exc:
-        return TaskResult(input=job_label(job, settings.max_text_chars), op=op, error=exc.to_dict()).to_dict()
+        return TaskResult(input=job_label(job, settings.max_text_chars), op=op, error=exc.record()).to_dict()
     started = time.perf_counter()
     try:
         with process.metrics.in_flight(), process.serving(ROLES_BY_OP[op]) as sessions:
@@ -149,7 +157,7 @@ def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, 
     except ModelUnavailable as exc:
         retries = process.settings.model_retries
         if task.request.retries >= retries:  # the producer is told why, as a result
-            result = TaskResult(input=label, op=op, error=exc.to_dict())
+            result = TaskResult(input=label, op=op, error=exc.record())
             log_result(task, result)
             return result.to_dict()
         raise task.retry(
@@ -197,7 +205,7 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
             else:
                 utts = spec.utts
                 results = [_utterance(process, u, spec.op, sessions) for u in spec.utts]
-            models = {role: s.ref.to_dict() for role, s in sessions.items()}
+            models = {role: s.ref for role, s in sessions.items()}
     except ModelUnavailable as exc:
         if task.request.retries >= process.settings.model_retries:
             return failed_shard(payload, exc)
@@ -238,7 +246,7 @@ def _utterance(process: WorkerProcess, utt: Utterance, op: str, sessions: Any) -
     try:
         source = resolve_allowed(utt.path, process.roots, process.settings.allowed_url_roots)
     except VoxmillError as exc:
-        return TaskResult(input=utt.utt, op=op, error=exc.to_dict())
+        return TaskResult(input=utt.utt, op=op, error=exc.record())
     segment = Segment(utt.start_s or 0.0, utt.end_s, utt.channel) if utt.is_segment else None
     return run_clip(utt.utt, source, op, sessions, process.limits, process.speech, segment)
 
@@ -260,17 +268,17 @@ def _tar_results(
         source = resolve_allowed(spec.tar, process.roots, process.settings.allowed_url_roots)
         stream = open_input(source)
     except VoxmillError as exc:
-        return [Utterance(spec.tar, spec.tar)], [TaskResult(input=spec.tar, op=spec.op, error=exc.to_dict())]
+        return [Utterance(spec.tar, spec.tar)], [TaskResult(input=spec.tar, op=spec.op, error=exc.record())]
     except OSError as exc:
         code = errors.NOT_FOUND if isinstance(exc, FileNotFoundError) else errors.UNREADABLE
-        error = {"code": code, "message": f"cannot open {spec.tar}: {exc.strerror or exc}"}
+        error = ErrorRecord(code, f"cannot open {spec.tar}: {exc.strerror or exc}")
         return [Utterance(spec.tar, spec.tar)], [TaskResult(input=spec.tar, op=spec.op, error=error)]
     with stream:
         for sample in iter_samples(stream, spec.tar, limits.max_file_bytes):
             where = f"{spec.tar}#{sample.audio_name}"
             utts.append(Utterance(sample.key, where, sample.spk, sample.transcript))
             if sample.error is not None or sample.audio is None:
-                error = (sample.error or VoxmillError(errors.NOT_FOUND, "no audio")).to_dict()
+                error = (sample.error or VoxmillError(errors.NOT_FOUND, "no audio")).record()
                 results.append(TaskResult(input=sample.key, op=spec.op, error=error))
             else:
                 results.append(
@@ -291,14 +299,14 @@ def record(
             process.metrics.failure(op, outcome_of(result))
 
 
-def model_label(models: dict[str, dict[str, str]]) -> str:
+def model_label(models: dict[str, ModelRef]) -> str:
     """The `model_sha256` label of a result: the sha256 (first 12) of each model used."""
-    return ",".join(f"{role}:{ref['sha256'][:12]}" for role, ref in sorted(models.items()))
+    return ",".join(f"{role}:{ref.sha256[:12]}" for role, ref in sorted(models.items()))
 
 
 def outcome_of(result: TaskResult) -> str:
     """`ok` or the error code."""
-    return "ok" if result.error is None else result.error.get("code", errors.INTERNAL)
+    return "ok" if result.error is None else result.error.code
 
 
 def finished_shard(out: RunFolder, spec: ShardSpec) -> ShardResult | None:
@@ -335,14 +343,14 @@ def failed_shard(payload: Any, exc: VoxmillError) -> ShardResult:
         failed=0,
         audio_seconds=0.0,
         seconds=0.0,
-        error=exc.to_dict(),
+        error=exc.record(),
     )
 
 
 def log_result(task: Task, result: TaskResult) -> None:
     """One line per task: id, op, input, outcome, duration and model sha256."""
-    outcome = "ok" if result.ok else (result.error or {}).get("code", "error")
-    shas = ",".join(f"{role}={m['sha256'][:12]}" for role, m in result.models.items())
+    outcome = "ok" if result.error is None else result.error.code
+    shas = ",".join(f"{role}={m.sha256[:12]}" for role, m in result.models.items())
     total_ms = sum(result.timings_ms.values())
     log.info(
         "task %s op=%s input=%s outcome=%s ms=%.1f models=%s",
@@ -358,7 +366,7 @@ def log_result(task: Task, result: TaskResult) -> None:
             "input": result.input,
             "outcome": outcome,
             "duration_ms": round(total_ms, 3),
-            "models": result.models,
+            "models": models_to_dict(result.models),
         },
     )
 
