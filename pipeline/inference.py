@@ -23,11 +23,11 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline import errors
-from pipeline.audio.decode import Audio, Segment, load_audio
+from pipeline.audio.decode import Audio, ClipRefused, Segment, load_audio
 from pipeline.audio.quality import clip_stats
 from pipeline.audio.sources import Source
 from pipeline.audio.vad import SpeechCheck, require_speech, shared_detector
-from pipeline.errors import VoxmillError
+from pipeline.errors import ErrorRecord, VoxmillError
 from pipeline.features import (
     HOP,
     SAMPLE_RATE_HZ,
@@ -271,11 +271,12 @@ def run_clip(
     """Decode `source` (with `segment`: only that part of it) and run `op`; never raises for bad
     input: errors come back as data.
 
-    Every decoded clip gets `stats`; with an enabled `speech` check, one with less detected
+    Every decoded clip gets `stats` (one refused once decoded, such as `too_short`, what is known
+    of it); with an enabled `speech` check, one with less detected
     speech than `speech.min_speech_ms` is `no_speech` (its stats still come back). Without
     `speech` no detector runs.
     """
-    models = {role: sessions[role].ref.to_dict() for role in ROLES_BY_OP.get(op, ()) if role in sessions}
+    models = {role: sessions[role].ref for role in ROLES_BY_OP.get(op, ()) if role in sessions}
     timings = Timings()
     stats: dict[str, Any] | None = None
     try:
@@ -287,10 +288,12 @@ def run_clip(
             require_speech(float(stats["speech_s"]), audio.duration_s, speech)
         fields = run_op(op, audio, sessions, timings)
     except VoxmillError as exc:
-        error = exc.to_dict()
+        error = exc.record()
+        if isinstance(exc, ClipRefused):  # decoded, then refused: what is known of it
+            stats = exc.stats
     except Exception as exc:  # a bug fails this clip alone, with a code, instead of its whole batch
         log.exception("clip %s (%s) failed unexpectedly", label, op)
-        error = {"code": errors.INTERNAL, "message": f"{type(exc).__name__}: {exc}"}
+        error = ErrorRecord(errors.INTERNAL, f"{type(exc).__name__}: {exc}")
     else:
         return TaskResult(
             input=label,

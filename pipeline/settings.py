@@ -107,6 +107,25 @@ class Settings(BaseSettings):
     )
     model_cache_dir: Path = _f(Path(".voxmill/ort-cache"), "The optimized-model cache's folder.")
     model_cache_keep: int = _f(6, "Cache entries kept; the least recently used go first.")
+    ort_mem_pattern: bool = _f(
+        False,
+        "ONNX Runtime's memory patterns (one block planned and kept per input shape). Off: memory stays "
+        "flat over clips of every length, at no measured cost (BENCHMARKS.md, memory under varied "
+        "lengths); on: the CPU arena creeps up with each new clip length.",
+    )
+    ort_arena_shrink: Literal["long", "always", "never"] = _f(
+        "long",
+        "When a model run hands what it added to ONNX Runtime's CPU arena back to the system. long: after "
+        "an input longer than the role's largest profile shape in config/models.yaml (30 s), so a long "
+        "clip leaves no lasting growth; always: after every run (the least memory, slower); never: the "
+        "arena keeps its peak for the life of the process.",
+    )
+    malloc_mmap_threshold_kb: int = _f(
+        1024,
+        "Worker processes fix the C allocator's (glibc's) mmap threshold at this many KiB, so buffers "
+        "larger than a 30 s clip's are given back when freed and one long clip leaves no lasting "
+        "growth; 0: glibc's own threshold, which rises after each large buffer freed.",
+    )
     # Input safety
     allowed_roots: tuple[Path, ...] = _f(
         (),
@@ -165,7 +184,11 @@ class Settings(BaseSettings):
         120.0, "Time a pool process may take to load and warm up its models."
     )
     worker_max_memory_per_child_kb: int = _f(
-        0, "A pool process above this resident memory after a task is replaced; 0: never."
+        3 * 1024 * 1024,
+        "A prefork pool process whose peak resident memory (KiB; Celery reads ru_maxrss) passed this "
+        "is replaced after its task, and the replacement loads and warms its models before it takes "
+        "one. 3 GiB: above what a process holding both full models reaches on a 10-minute clip "
+        "(docs/operations.md, worker memory); 0: never.",
     )
     model_retries: int = _f(
         8, "A job that finds its model not loaded (still loading, or a broken file) is retried this often."
@@ -223,6 +246,11 @@ class Settings(BaseSettings):
     )
     local_ready_timeout_s: float = _f(
         120.0, "An embedded run whose local workers have not loaded their models by then stops."
+    )
+    consumer_grace_s: float = _f(
+        180.0,
+        "A run on a broker stops (no_consumer) when no live worker has consumed a queue its shards "
+        "wait in for this long: more than a worker restart takes (worker_proc_alive_timeout_s to load).",
     )
     run_state_dir: Path = _f(
         Path(".voxmill/runs"),

@@ -66,9 +66,13 @@ def require_models(settings: Settings, queues: Sequence[str], folder_only: bool 
     from pipeline.models.registry import Registry
     from pipeline.records import ROLES_BY_OP
 
-    hint = "; pass --models DIR (after `make demo`: --models demo/models) or set VOXMILL_MODEL_DIR"
-    if not Path(settings.model_dir).is_dir():
-        fail(f"model folder {settings.model_dir} does not exist{hint}")
+    folder = settings.model_dir
+    hint = (
+        "; pass --models DIR (after `make demo`: --models demo/models), set VOXMILL_MODEL_DIR, or create "
+        f"stand-ins with `voxmill models make-standin --out {folder}`"
+    )
+    if not Path(folder).is_dir():
+        fail(f"model folder {folder} does not exist{hint}")
     if folder_only:
         return
     registry = Registry.load()
@@ -77,6 +81,47 @@ def require_models(settings: Settings, queues: Sequence[str], folder_only: bool 
             registry.find_model(role, settings.model_dir)
         except VoxmillError as exc:
             fail(exc.message)
+
+
+def note(text: str) -> None:
+    """One line on stderr that the person running the command should read; it changes nothing."""
+    from rich.markup import escape
+
+    err.print(f"[yellow]note:[/yellow] {escape(text)}")
+
+
+def check_where_it_runs(
+    settings: Settings, ops: Sequence[str], workers_given: bool, models_given: bool
+) -> None:
+    """`extract` with local workers: their model folder, checked before anything starts. On a
+    broker: one line when options of a run with its own workers were given (a shell where `voxmill
+    up`'s export line was run makes every `extract` a broker run)."""
+    if not settings.broker_url:
+        require_models(settings, ops)
+        return
+    given = [name for name, on in (("--workers", workers_given), ("--models", models_given)) if on]
+    if given:
+        note(
+            f"VOXMILL_BROKER_URL is set ({settings.redacted_broker_url()}): this run starts no workers and "
+            f"sends its shards to the workers on that broker, so {' and '.join(given)} "
+            f"appl{'y' if len(given) > 1 else 'ies'} to local workers only; unset VOXMILL_BROKER_URL for "
+            "a run with workers of its own"
+        )
+
+
+def other_models_notice(settings: Settings, ops: Sequence[str], report: dict[str, Any]) -> None:
+    """A note when a run's local workers (the model folder's models) found rows other models made."""
+    from workers.corpus.plan import RunError
+    from workers.extract import current_model_sha256, other_models_note
+
+    if settings.broker_url:  # workers elsewhere, with models of their own
+        return
+    try:
+        said = other_models_note(report, current_model_sha256(settings, ops), settings.model_dir)
+    except RunError:  # a model gone since the run began: nothing to compare with
+        return
+    if said:
+        note(said)
 
 
 def split_list(text: str) -> list[str]:
@@ -270,7 +315,7 @@ def print_result(result: object) -> None:
     assert isinstance(result, TaskResult)
     if result.error:
         out.print(
-            f"[red]✗[/red] {escape(result.input)}: {result.error['code']}: {escape(result.error['message'])}"
+            f"[red]✗[/red] {escape(result.input)}: {result.error.code}: {escape(result.error.message)}"
         )
         return
     parts = [f"{result.audio_seconds:.2f} s"]
@@ -282,6 +327,18 @@ def print_result(result: object) -> None:
 
 
 # --------------------------------------------------------------------------------- corpora
+def fraction_option(value: float | None) -> float | None:
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise typer.BadParameter(f"{value:g} is not a fraction from 0 to 1")
+    return value
+
+
+def seconds_option(value: float | None) -> float | None:
+    if value is not None and value < 0.0:
+        raise typer.BadParameter(f"{value:g} is not a number of seconds (0 or more)")
+    return value
+
+
 @app.command()
 def extract(
     source: str = typer.Argument(
@@ -295,17 +352,28 @@ def extract(
     out_dir: str = typer.Option(
         ...,
         "--out",
+        metavar="DIR",
         help="Output folder or object-store prefix (s3://bucket/run/, gs://...); running the command "
         "again on it resumes.",
     ),
-    ops: str = typer.Option("tokenize,embed", "--ops", help="Comma-separated: tokenize, embed."),
-    models: Path | None = typer.Option(None, "--models", help=MODELS_HELP + " Local workers only."),
+    ops: str = typer.Option(
+        "tokenize,embed", "--ops", metavar="OPS", help="Comma-separated: tokenize, embed."
+    ),
+    models: Path | None = typer.Option(
+        None, "--models", metavar="DIR", help=MODELS_HELP + " Local workers only."
+    ),
     workers: int = typer.Option(
-        0, "--workers", help="Local worker processes; default: one per core.", show_default=False
+        0,
+        "--workers",
+        metavar="N",
+        help="Local worker processes; default: one per core. None with VOXMILL_BROKER_URL set (a note "
+        "says so).",
+        show_default=False,
     ),
     shard_size: int = typer.Option(
         0,
         "--shard-size",
+        metavar="N",
         help="Utterances per shard task; default: the shard_size setting, more for short clips when "
         "the listing gives durations (shard_seconds of audio), fewer for a small corpus so that "
         "every worker gets several shards.",
@@ -315,35 +383,47 @@ def extract(
     audit_sample: int = typer.Option(
         0,
         "--audit",
+        metavar="N",
         help="Then audit this many utterances (as `voxmill audit`); exit 1 when the audit fails.",
         show_default=False,
     ),
     metrics_port: int = typer.Option(
         0,
         "--metrics-port",
+        metavar="N",
         help="Serve this run's Prometheus metrics (shards, utterances, audio, failures, ETA) on this port.",
         show_default=False,
     ),
+    # Ranges are checked by callbacks, not typer's min/max: those print `<float range> [0.0<=x<=1.0]`
+    # beside each option, which squeezed the help text into 23 columns of an 80-column terminal.
     min_speech_ratio: float | None = typer.Option(
         None,
         "--min-speech-ratio",
-        min=0.0,
-        max=1.0,
+        metavar="R",
+        callback=fraction_option,
         help="Leave out utterances whose detected speech is a smaller fraction of them (0-1; needs the "
         "speech check on). Filtered utterances are listed in errors.jsonl with code `filtered`.",
     ),
     max_clipped: float | None = typer.Option(
         None,
         "--max-clipped",
-        min=0.0,
-        max=1.0,
+        metavar="F",
+        callback=fraction_option,
         help="Leave out utterances with a larger fraction of clipped samples (0-1).",
     ),
     min_duration: float | None = typer.Option(
-        None, "--min-duration", min=0.0, help="Leave out utterances shorter than this many seconds."
+        None,
+        "--min-duration",
+        metavar="S",
+        callback=seconds_option,
+        help="Leave out utterances shorter than this many seconds.",
     ),
     max_duration: float | None = typer.Option(
-        None, "--max-duration", min=0.0, help="Leave out utterances longer than this many seconds."
+        None,
+        "--max-duration",
+        metavar="S",
+        callback=seconds_option,
+        help="Leave out utterances longer than this many seconds.",
     ),
     redo_mixed: bool = typer.Option(
         False,
@@ -354,10 +434,13 @@ def extract(
 ) -> None:
     """Extract speech tokens and speaker embeddings for a whole corpus, in shards, resumably.
 
-    Without VOXMILL_BROKER_URL it starts an embedded Redis and local workers; with it, it only
-    submits shards and waits for workers anywhere that can read the same paths or URLs. Exit 0
-    when the run completed (per-utterance failures are in errors.jsonl), 2 when it could not run.
-    The filters apply when the shards are merged: changing them re-merges and extracts nothing.
+    Without VOXMILL_BROKER_URL it starts an embedded Redis and local workers; with it (as in a
+    shell where `voxmill up`'s export line was run), it only submits shards and waits for workers
+    anywhere that can read the same paths or URLs, and write --out. Exit 0 when the run completed
+    (per-utterance failures are in errors.jsonl), 2 when it could not run (a queue of the run no
+    live worker consumes too: at once, or after consumer_grace_s when its workers are gone
+    mid-run). The filters apply when the shards are merged: changing them re-merges and extracts
+    nothing.
     """
     from pipeline.audio.quality import QualityFilter
     from pipeline.corpus.reading import as_source
@@ -378,10 +461,7 @@ def extract(
         fail("--audit reads a local output folder; download the outputs and run `voxmill audit` on them")
     if metrics_port:
         settings = settings.model_copy(update={"run_metrics_port": metrics_port})
-    if models is not None and settings.broker_url:
-        err.print(
-            "[yellow]note:[/yellow] --models applies to local workers only; remote workers use their own"
-        )
+    check_where_it_runs(settings, op_list, workers > 0, models is not None)
     quality = QualityFilter(min_speech_ratio, max_clipped, min_duration, max_duration)
     if min_speech_ratio is not None and not settings.speech_check:
         err.print("[yellow]note:[/yellow] the speech check is off: --min-speech-ratio filters nothing")
@@ -399,6 +479,7 @@ def extract(
         err.print(f"interrupted; run the same command again to resume from {folder.display()}")
         raise typer.Exit(130) from None
     print_outputs(folder, report)
+    other_models_notice(settings, op_list, report)
     if audit_sample:
         from workers.corpus.audit import audit_output
 
@@ -444,14 +525,29 @@ def audit(
 
 @app.command()
 def report(
-    out_dir: Path = typer.Argument(..., metavar="OUT", help="An `extract` output folder."),
-    html: Path = typer.Option(..., "--html", help="The page to write (one self-contained file)."),
+    out_dir: Path = typer.Argument(..., metavar="OUT", help="A finished `extract` output folder."),
+    html: Path | None = typer.Option(
+        None,
+        "--html",
+        metavar="FILE",
+        help="Write one self-contained HTML page (charts) here instead of printing the summary.",
+    ),
 ) -> None:
-    """Write one self-contained HTML page about a run: durations, speech ratios, speakers, failures,
-    throughput, models."""
-    from workers.observe.report_html import write_report
+    """Summarise a finished run: counts, audio, speed, models, speakers, failures by code and the
+    first failures with their reason (all of them are in OUT/errors.jsonl). With --html, one
+    self-contained page: durations, speech ratios, speakers, failures, throughput, models."""
+    from pipeline.outputs.folder import RunFolder
+    from workers.observe.report_html import load_report_data, render_text, write_report
 
-    out.print(f"wrote {write_report(out_dir, html)}")
+    if not (out_dir / RunFolder.REPORT).is_file():
+        fail(f"{out_dir} has no {RunFolder.REPORT}: not a finished `voxmill extract` output folder")
+    if html is not None:
+        out.print(f"wrote {write_report(out_dir, html)}")
+        return
+    from rich.markup import escape
+
+    text = render_text(load_report_data(out_dir), str(out_dir / RunFolder.ERRORS))
+    out.print(escape(text), highlight=False)
 
 
 @app.command("export-cosyvoice")

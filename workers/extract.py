@@ -1,7 +1,8 @@
 """`voxmill extract`: one corpus run, from the listing to the merged outputs.
 
-    lock the output folder -> a cluster (remote workers, or an embedded one started now) -> plan
-    as the listing streams by (a thread) -> drive the shards -> stop the cluster -> merge
+    the listing's first lines -> lock the output folder -> a cluster (remote workers, or an
+    embedded one started now) -> plan as the listing streams by (a thread) -> drive the shards ->
+    stop the cluster -> merge
 
 With a broker, workers anywhere do the work; without one, the run starts its own Redis and local
 workers first, so they load their models while this process probes the corpus and submits the
@@ -31,6 +32,9 @@ from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
 from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, task_ops
 from workers.heartbeat import WorkerRecord, read_worker_records
 
+# What a report says of the extraction itself; a re-merge (other filters, nothing extracted) keeps them.
+EXTRACTION_KEYS = ("wall_seconds", "resubmitted_shards", "given_up_shards")
+
 
 def extract_corpus(
     settings: Settings,
@@ -49,9 +53,12 @@ def extract_corpus(
     """
     started = time.monotonic()
     try:
+        check_first_lines(source, settings.max_text_chars)  # before any folder or worker is made
         lock = lock_output(out_dir, settings.run_state_dir)
     except OSError as exc:
-        raise RunError(f"cannot use the output folder {out_dir.display()}: {exc.strerror or exc}") from None
+        raise RunError(unusable_output(out_dir, exc)) from None
+    except VoxmillError as exc:
+        raise RunError(exc.message) from None
     try:
         cluster: Cluster
         if settings.broker_url:
@@ -70,10 +77,39 @@ def extract_corpus(
             return run_corpus(cluster, planner, out_dir, quiet, extra, started, quality)
         finally:
             cluster.stop()
+    except RunError:  # as it is: its code may be more telling (`no_consumer`)
+        raise
     except VoxmillError as exc:  # an op or shard size refused before anything ran
         raise RunError(exc.message) from None
     finally:
         lock.close()
+
+
+def check_first_lines(source: Source, max_text_chars: int) -> None:
+    """The listing's `CorpusError` when its first lines hold a problem, with every problem of the
+    whole listing (`check_listing`, as the planner would say it), before anything starts; one
+    further on is the planner's to find, still before the first shard."""
+    from pipeline.corpus.listing import CorpusError, first_problems
+
+    problems = first_problems(source, max_text_chars)
+    if problems:
+        from pipeline.corpus.check import check_listing  # numpy: only for a listing refused anyway
+
+        check_listing(source, max_text_chars)
+        raise CorpusError(problems)
+
+
+def unusable_output(out_dir: RunFolder, exc: OSError) -> str:
+    """Why `--out` cannot hold a run, in words: a local path that is (or lies below) a file says so."""
+    where = out_dir.display()
+    if out_dir.is_local:
+        path = Path(out_dir.name)
+        file = next((p for p in (path, *path.parents) if p.is_file()), None)
+        if file == path:
+            return f"cannot use the output folder {where}: it is a file, not a folder (--out names a folder)"
+        if file is not None:
+            return f"cannot use the output folder {where}: {file} is a file, not a folder"
+    return f"cannot use the output folder {where}: {exc.strerror or exc}"
 
 
 def _workers(cluster: Cluster, local: int) -> tuple[int | None, bool]:
@@ -116,7 +152,8 @@ def run_corpus(
 
     `wall_seconds` counts from `started` (a `time.monotonic()` value; default: now). A resumed run
     that found every shard done and the outputs merged with the same filters returns the report
-    it finds.
+    it finds; with other filters it merges again and keeps the extraction's `EXTRACTION_KEYS`,
+    the re-merge's own time being `remerge_wall_seconds`.
     """
     from pipeline.outputs.merge import merge_outputs
     from workers.corpus.driver import CorpusDriver
@@ -143,13 +180,16 @@ def run_corpus(
     if planner.error is not None:
         raise planner.error
     quality = quality or QualityFilter()
-    merged = merged_report(out_dir, planner.fingerprint, quality)
-    if merged is not None and driver.ledger.done_now == 0:
-        return merged
+    earlier = merged_report(out_dir, planner.fingerprint) if driver.ledger.done_now == 0 else None
+    if earlier is not None and same_filters(earlier, quality):
+        return earlier
     extra = {"wall_seconds": round(time.monotonic() - started, 3), **(extra_report or {})}
     extra["resubmitted_shards"] = driver.ledger.resubmitted
     if driver.ledger.given_up:  # shards sent shard_max_attempts times without their file: failed
         extra["given_up_shards"] = driver.ledger.given_up
+    if earlier is not None:  # a re-merge with other filters extracted nothing: the extraction's
+        extra["remerge_wall_seconds"] = extra["wall_seconds"]  # numbers stay (speed, wall time)
+        extra.update({key: earlier[key] for key in EXTRACTION_KEYS if key in earlier})
     extra["plan_fingerprint"] = planner.fingerprint
     buffer_rows = cluster.settings.merge_buffer_rows
     try:
@@ -178,6 +218,38 @@ def current_model_sha256(settings: Settings, ops: Sequence[str]) -> dict[str, st
     return current
 
 
+def other_models_note(report: dict[str, Any], current: dict[str, str], model_dir: Path | str) -> str | None:
+    """What a run says when rows of its outputs were made by other models than `current` ({role:
+    sha256} of the model folder): a rerun with other models keeps the rows it finds, even all of
+    them ("all done by an earlier run"). None when every row is the current models'."""
+    from pipeline.outputs.writers import made_by_other_models
+
+    found = report_sha256s(report)
+    if not made_by_other_models(found, current):
+        return None
+    said = "; ".join(
+        f"{role} {', '.join(sorted(sha[:12] for sha in found[role] - {current[role]}))} in the rows, "
+        f"{current[role][:12]} in the folder"
+        for role in found
+        if role in current and found[role] - {current[role]}
+    )
+    return (
+        f"rows of these outputs were made by other models than those in {model_dir} ({said}); they "
+        "are kept as they are: run again with --redo-mixed to delete the shards other models made "
+        "and redo them"
+    )
+
+
+def report_sha256s(report: dict[str, Any]) -> dict[str, set[str]]:
+    """{role: every model sha256 the merged rows name} of a report (`models`, `models_mixed`)."""
+    found: dict[str, set[str]] = {}
+    for role, ref in (report.get("models") or {}).items():
+        found.setdefault(role, set()).add(str(ref.get("sha256", "")))
+    for role, refs in (report.get("models_mixed") or {}).items():
+        found.setdefault(role, set()).update(str(ref.get("sha256", "")) for ref in refs)
+    return {role: shas - {""} for role, shas in found.items() if shas - {""}}
+
+
 def drop_mixed_shards(out_dir: RunFolder, current: dict[str, str]) -> list[str]:
     """Delete the shard files some of whose rows another model than `current` made, so that the
     next run redoes them with the current one; their names. A run that has not started yet has none."""
@@ -195,11 +267,9 @@ def drop_mixed_shards(out_dir: RunFolder, current: dict[str, str]) -> list[str]:
     return dropped
 
 
-def merged_report(
-    out_dir: RunFolder, fingerprint: str, quality: QualityFilter | None = None
-) -> dict[str, Any] | None:
-    """The report of outputs already merged from this very plan with these filters (report.json is
-    written last)."""
+def merged_report(out_dir: RunFolder, fingerprint: str) -> dict[str, Any] | None:
+    """The report of outputs already merged from this very plan, whatever their filters (report.json
+    is written last)."""
     import json
 
     out = out_dir.location
@@ -209,10 +279,12 @@ def merged_report(
         report: dict[str, Any] = json.loads(out.read_bytes(RunFolder.REPORT))
     except (OSError, ValueError, VoxmillError):
         return None
-    if report.get("plan_fingerprint") != fingerprint:
-        return None
-    quality = quality or QualityFilter()
+    return report if report.get("plan_fingerprint") == fingerprint else None
+
+
+def same_filters(report: dict[str, Any], quality: QualityFilter) -> bool:
+    """Whether a merged report's outputs were filtered as `quality` filters."""
     filters = quality.to_dict() if quality.active else None
     found = report.get("filters")
     found = {k: v for k, v in found.items() if k != "filtered_utterances"} if found else None
-    return report if found == filters else None
+    return found == filters

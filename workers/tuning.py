@@ -24,6 +24,7 @@ SHARD_LOOK_S = 1.0  # the files of the shards in flight are looked for at least 
 WINDOW_REFRESH_S = 2.0  # the number of ready workers (the window of shards in flight) is read this often
 MAX_DEADLINE_DOUBLINGS = 8  # a shard or job sent again and again waits at most 8x the deadline
 RECENT_SHARDS = 200  # the deadline follows the median time of this many recent shards
+CONSUMERS_LOOK_S = 2.0  # a run on a broker looks for the live consumers of its queues this often
 
 # Producers' redelivery and consumer checks (`workers.queue.client`, `workers.queue.delivery`)
 CONSUMERS_TTL_S = 1.0  # the live workers' records are read again after this long (submit checks)

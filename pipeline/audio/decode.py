@@ -17,7 +17,8 @@
    mid-stream (e.g. an MP3 or FLAC frame followed by garbage) is `unreadable`.
 4. samples (as decoded, before mixdown): no frames -> `empty`; NaN/Inf -> `non_finite`; a sample
    beyond `max_amplitude` (1.0 is full scale) -> `out_of_range`; shorter than `min_duration_s`
-   (judged on the original frames and rate) -> `too_short`; every sample 0 -> `empty`.
+   (judged on the original frames and rate) -> `too_short`; every sample 0 -> `empty`. These
+   refusals are `ClipRefused`, with the quality columns known of the clip (its `utt_stats` row).
 
 Opening a source (step 1) is `pipeline.audio.sources`, its header (step 2)
 `pipeline.audio.header`; this module decodes and checks the samples.
@@ -54,6 +55,7 @@ from pipeline.audio.header import (
     probe,
     probe_header,
 )
+from pipeline.audio.quality import STAT_FIELDS, clip_stats
 from pipeline.audio.sources import Opened, Source, open_source
 from pipeline.errors import (
     BAD_REQUEST,
@@ -100,6 +102,16 @@ class Audio:
         return len(self.samples) / TARGET_RATE_HZ
 
 
+class ClipRefused(VoxmillError):
+    """A clip refused after it was decoded (`empty`, `non_finite`, `out_of_range`, `too_short`):
+    `stats` holds the quality columns known of it (None where unknown), so that its `utt_stats`
+    row says what the clip was."""
+
+    def __init__(self, code: str, message: str, stats: dict[str, Any]) -> None:
+        super().__init__(code, message)
+        self.stats = stats
+
+
 @dataclass(frozen=True)
 class Segment:
     """The part of a recording an utterance is: [start_s, end_s) (None: to the end), one channel
@@ -132,12 +144,15 @@ def load_audio(
             mixed = _decode(opened, info, limits)
         else:
             info, mixed = _decode_segment(opened, limits, segment)
-    _check_frames(mixed.frames, mixed.non_finite, mixed.peak, info.sample_rate_hz, limits)
-    mono = mixed.mono()
-    decoded_at = time.perf_counter()
-    samples = resample(mono, info.sample_rate_hz)
-    resampled_at = time.perf_counter()
-    _check_not_silent(samples)
+    try:
+        _check_frames(mixed.frames, mixed.non_finite, mixed.peak, info.sample_rate_hz, limits)
+        mono = mixed.mono()
+        decoded_at = time.perf_counter()
+        samples = resample(mono, info.sample_rate_hz)
+        resampled_at = time.perf_counter()
+        _check_not_silent(samples)
+    except VoxmillError as exc:
+        raise ClipRefused(exc.code, exc.message, _refused_stats(exc.code, info, mixed)) from None
     if timings_ms is not None:
         _add_ms(timings_ms, "decode", started, decoded_at)
         _add_ms(timings_ms, "resample", decoded_at, resampled_at)
@@ -412,6 +427,21 @@ def _check_frames(frames: int, non_finite: int, peak: float, rate_hz: int, limit
             f"clip is {format_duration(duration_s)}; "
             f"at least {format_duration(limits.min_duration_s)} of audio is needed",
         )
+
+
+def _refused_stats(code: str, info: AudioInfo, mixed: _Mixdown) -> dict[str, Any]:
+    """The quality columns of a decoded clip refused with `code`: the source's rate, channels,
+    codec and duration always; the levels of a `too_short` clip too (its samples are sound audio,
+    measured at the source rate). A NaN or out-of-range clip has no meaningful levels."""
+    rate = info.sample_rate_hz
+    if code == TOO_SHORT:
+        return clip_stats(
+            mixed.mono(), source_rate_hz=rate, channels=info.channels, codec=codec_name(info), rate_hz=rate
+        )
+    stats: dict[str, Any] = dict.fromkeys(STAT_FIELDS)
+    stats.update(source_rate_hz=rate, source_channels=info.channels, source_codec=codec_name(info))
+    stats["duration_s"] = round(mixed.frames / rate, 4) if rate > 0 else None
+    return stats
 
 
 def _check_not_silent(samples: FloatArray) -> None:

@@ -86,7 +86,7 @@ def _probe_with_audioread(path: Path) -> AudioInfo | str:
         with audioread.audio_open(str(path)) as af:
             rate, channels, duration = int(af.samplerate), int(af.channels), float(af.duration)
     except audioread.NoBackendError:
-        return "no other decoder (ffmpeg) could read it either"
+        return _no_backend_reason()
     except Exception as exc:  # audioread backends raise a wide variety of errors
         return f"audioread: {str(exc) or type(exc).__name__}"
     return AudioInfo(
@@ -97,6 +97,27 @@ def _probe_with_audioread(path: Path) -> AudioInfo | str:
         format=AUDIOREAD_FORMAT,
         subtype="PCM_16",
     )
+
+
+# audioread's decoders beyond the standard library's WAV/AIFF/AU readers, in people's words.
+_FALLBACK_DECODERS = {
+    "FFmpegAudioFile": "ffmpeg",
+    "GstAudioFile": "GStreamer",
+    "MadAudioFile": "MAD",
+    "ExtAudioFile": "Core Audio",
+}
+
+
+def _no_backend_reason() -> str:
+    """Why audioread read nothing, saying which decoders it tried: "ffmpeg could not read it" is
+    wrong advice on a machine without ffmpeg, where installing it is the fix."""
+    import audioread
+
+    names = [backend.__name__ for backend in audioread.available_backends()]
+    tried = [_FALLBACK_DECODERS[name] for name in names if name in _FALLBACK_DECODERS]
+    if not tried:
+        return "no other decoder was tried: ffmpeg is not installed"
+    return f"{' and '.join(tried)} could not read it either"
 
 
 def _unrecognised_message(opened: Opened, reason: str) -> str:

@@ -18,7 +18,8 @@ Iterating it yields `Utterance`s in listing order without holding the listing in
 duplicate utterance ids are found from 16-byte digests of the ids. Every problem found is
 collected; `raise_problems()` after the iteration raises them together as one `CorpusError`,
 each as "FILE line N: what is wrong". A caller that plans as the listing streams by calls it
-once the iteration ends. `read_corpus(source)` is the whole listing as a list, problems raised.
+once the iteration ends. `read_corpus(source)` is the whole listing as a list, problems raised;
+`first_problems(source)` those of its first lines (what a run looks at before it starts anything).
 
 A missing audio file is not an error here: the worker reports `not_found` for that utterance.
 """
@@ -26,6 +27,7 @@ A missing audio file is not an error here: the worker reports `not_found` for th
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import islice
 
 from pipeline.corpus.folder import read_folder
 from pipeline.corpus.kaldi import KALDI_WAV_SCP, read_kaldi
@@ -38,6 +40,7 @@ from pipeline.records import Utterance
 from pipeline.storage.urls import MAX_TEXT_CHARS
 
 MAX_LISTED_PROBLEMS = 20
+FIRST_UTTERANCES = 1000  # what a run reads of its listing before it starts anything
 
 
 class CorpusError(VoxmillError):
@@ -144,3 +147,15 @@ def read_corpus(source: Source, max_text_chars: int | None = MAX_TEXT_CHARS) -> 
     utts = list(listing)
     listing.raise_problems()
     return utts
+
+
+def first_problems(
+    source: Source, max_text_chars: int | None = MAX_TEXT_CHARS, utterances: int = FIRST_UTTERANCES
+) -> list[str]:
+    """The problems of the listing's first `utterances` (a missing or unknown input included), as
+    the reader words them: a run looks before it starts its workers, so a listing wrong from its
+    first lines fails at once. Ids listed twice are left to the whole listing's check."""
+    listing = CorpusListing(source, find_repeats=False, max_text_chars=max_text_chars)
+    for _ in islice(listing, utterances):
+        pass
+    return listing.problems.items

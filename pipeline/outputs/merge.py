@@ -23,6 +23,7 @@ utterances no file named, is the tar's one row, or the rows another op's file of
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -59,6 +60,7 @@ from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, Utte
 from pipeline.storage.locations import OutputLocation
 
 DEFAULT_BUFFER_ROWS = 65536
+ARROW_SCHEMA_KEY = "ARROW:schema"  # where Arrow keeps a Parquet file's Arrow schema
 
 
 class _TableSink:
@@ -88,11 +90,20 @@ class _TableSink:
         self._pending, self._rows = [], 0
 
     def close(self, metadata: dict[str, str] | None = None) -> None:
-        """Write what is left, `metadata` (the file's Parquet key-value metadata) and the footer; the
-        rename follows when the whole merge succeeds."""
+        """Write what is left, `metadata` and the footer; the rename follows when the whole merge
+        succeeds.
+
+        `metadata` goes into the file's Parquet key-value metadata and into its Arrow schema's
+        metadata, which is what `pq.read_table` and the tools built on Arrow show. The schema was fixed
+        when the writer opened, before the shards named the models; Arrow keeps a file's schema as
+        `ARROW:schema` (the IPC-serialized schema, base64), so the footer gets the bytes a writer
+        opened with the schema and its metadata would have written.
+        """
         self._flush()
         if metadata:
-            self._writer.add_key_value_metadata(metadata)
+            schema = self.schema.with_metadata({**(self.schema.metadata or {}), **metadata})
+            arrow_schema = base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+            self._writer.add_key_value_metadata({**metadata, ARROW_SCHEMA_KEY: arrow_schema})
         self._close_writer()
 
     def _close_writer(self) -> None:

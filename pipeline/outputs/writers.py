@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.audio.quality import STAT_FIELDS
-from pipeline.errors import INTERNAL, NOT_FOUND, OUTPUT_ERROR, VoxmillError
+from pipeline.errors import INTERNAL, NOT_FOUND, OUTPUT_ERROR, ErrorRecord, VoxmillError
 from pipeline.outputs.folder import RunFolder
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, TaskResult, Utterance, encodable
 from pipeline.storage.locations import OutputLocation, atomic_write
@@ -79,7 +80,6 @@ SHARD_SCHEMA = pa.schema(
 )
 STAT_COLUMNS: tuple[str, ...] = STAT_FIELDS
 INT32_RANGE = (-(2**31), 2**31 - 1)
-ERROR_KEYS = ("code", "message")
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 SHA256_COLUMNS = {ROLE_TOKENIZER: "tokenizer_sha256", ROLE_EMBEDDER: "embedder_sha256"}
 # The outputs' row of the model that made it (`model_sha256`): a run spanning a hot reload splits exactly.
@@ -172,7 +172,7 @@ def write_given_up_shard(out_dir: RunFolder, spec: ShardSpec, code: str, message
 
 def failed_shard_table(spec: ShardSpec, utts: Sequence[Utterance], code: str, message: str) -> pa.Table:
     """A shard table of `utts` whose every row failed with `code` and `message`."""
-    results = [TaskResult(input=u.utt, op=spec.op, error={"code": code, "message": message}) for u in utts]
+    results = [TaskResult(input=u.utt, op=spec.op, error=ErrorRecord(code, message)) for u in utts]
     return shard_table(spec, results, utts)
 
 
@@ -187,7 +187,7 @@ def storable_results(op: str, results: Sequence[TaskResult], utts: Sequence[Utte
             stored.append(result)
             continue
         stats = result.stats if result.stats is None or _stats_problem(result.stats) is None else None
-        error = {"code": OUTPUT_ERROR, "message": f"its result cannot be stored: {wrong}"}
+        error = ErrorRecord(OUTPUT_ERROR, f"its result cannot be stored: {wrong}")
         failed = replace(result, speech_token=None, embedding=None, audio_seconds=None, stats=stats)
         stored.append(replace(failed, error=error))
     return stored
@@ -203,7 +203,7 @@ def row_problem(op: str, result: TaskResult, utt: Utterance) -> str | None:
             return f"its {what} is not valid Unicode (stored escaped)"
     error = result.error
     if error is not None:
-        if not (isinstance(error, dict) and all(isinstance(error.get(k, ""), str) for k in ERROR_KEYS)):
+        if not (isinstance(error.code, str) and isinstance(error.message, str)):
             return "its error is not a code and a message"
         return _stats_problem(result.stats) if result.stats is not None else None
     if op in TOKEN_OPS and (wrong := _tokens_problem(result.speech_token)):
@@ -214,7 +214,7 @@ def row_problem(op: str, result: TaskResult, utt: Utterance) -> str | None:
     if seconds is not None and not (_is_number(seconds) and math.isfinite(seconds) and seconds >= 0):
         return f"audio seconds {seconds!r} is not a finite number >= 0"
     for role, ref in result.models.items():
-        if not isinstance(ref, dict) or not isinstance(ref.get("sha256"), str):
+        if not isinstance(ref.sha256, str):
             return f"its {role} model has no sha256"
     return _stats_problem(result.stats) if result.stats is not None else None
 
@@ -298,8 +298,8 @@ def shard_table(
         columns["audio_seconds"].append(None if error else result.audio_seconds)
         columns["speech_token"].append(result.speech_token if tokens and not error else None)
         columns["embedding"].append(result.embedding if embeds and not error else None)
-        columns["error_code"].append(_storable_text(str(error.get("code", INTERNAL))) if error else None)
-        columns["error_message"].append(_storable_text(str(error.get("message", ""))) if error else None)
+        columns["error_code"].append(_storable_text(error.code) if error else None)
+        columns["error_message"].append(_storable_text(error.message) if error else None)
         stats = result.stats or {}
         for name in STAT_COLUMNS:
             columns[name].append(stats.get(name))
@@ -312,7 +312,7 @@ def shard_table(
 
 def _sha256_of(result: TaskResult, role: str) -> str | None:
     ref = result.models.get(role)
-    return str(ref["sha256"]) if ref else None
+    return ref.sha256 if ref else None
 
 
 def _models_of(results: Iterable[TaskResult]) -> Models:
@@ -322,17 +322,18 @@ def _models_of(results: Iterable[TaskResult]) -> Models:
     for result in results:
         if result.error is None:
             for role, ref in result.models.items():
-                models.setdefault(role, {key: str(value) for key, value in ref.items()})
+                models.setdefault(role, ref.to_dict())
     return models
 
 
-def read_shard(path: Path | str) -> pa.Table:
-    """Read a shard file (a path or URL); a missing or unreadable one is `VoxmillError("output_error")`."""
+def read_shard(path: Path | str, columns: Sequence[str] | None = None) -> pa.Table:
+    """Read a shard file (a path or URL), all its columns or `columns`; a missing or unreadable one
+    is `VoxmillError("output_error")`."""
     try:
         remote = isinstance(path, str) and is_url(path)
         source = pa.BufferReader(read_url(str(path))) if remote else path
         with pq.ParquetFile(source) as file:  # not read_table: its dataset layer costs as much as the read
-            return file.read()
+            return file.read(columns=None if columns is None else list(columns))
     except VoxmillError as exc:
         what = "is missing" if exc.code == NOT_FOUND else f"cannot be read: {exc.message}"
         raise VoxmillError(OUTPUT_ERROR, f"shard file {path} {what}") from exc
@@ -364,6 +365,14 @@ def made_by_other_models(found: dict[str, set[str]], current: dict[str, str]) ->
 
 def shard_counts(path: Path | str) -> tuple[int, int]:
     """(ok, failed) row counts of a shard file."""
-    codes = read_shard(path).column("error_code")
-    failed = len(codes) - codes.null_count
-    return codes.null_count, failed
+    ok, failed, _ = shard_tally(path)
+    return ok, failed
+
+
+def shard_tally(path: Path | str) -> tuple[int, int, float]:
+    """(ok, failed, audio seconds) of a shard file: what its task announced (the audio of the rows
+    that succeeded, as the merge counts it), for a shard whose announcement was not heard."""
+    table = read_shard(path, ["error_code", "audio_seconds"])  # not the tokens and embeddings
+    codes = table.column("error_code")
+    seconds = pc.sum(table.column("audio_seconds")).as_py() or 0.0
+    return codes.null_count, len(codes) - codes.null_count, round(float(seconds), 4)

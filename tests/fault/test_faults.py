@@ -88,6 +88,9 @@ def test_sigkill_of_a_whole_worker_then_a_new_one(
 
 
 def test_all_workers_stopped_for_30_s(setup, start_worker, fault_reference, submit_stream) -> None:
+    """The run waits the 30 s out (less than `consumer_grace_s`: workers restarting come back);
+    a driver started again while no worker is up exits 2 at once naming the command (`no_consumer`,
+    as `submit`), and the same command resumes once a worker is up."""
     settings, wav, out = setup
     workers = start_worker(settings, concurrency=2, queues=QUEUES)
     stream = submit_stream(settings, wav)
@@ -95,10 +98,14 @@ def test_all_workers_stopped_for_30_s(setup, start_worker, fault_reference, subm
     driver.wait_progress(6)
     workers.stop()
     stopped_at = driver.shards_done()
-    driver = rerun(driver)
     settle(30)
     assert driver.shards_done() == stopped_at  # nothing ran while every worker was down
+    assert driver.process is not None and driver.process.poll() is None  # and the run waited
+    driver.kill()
+    code, output = Driver(settings, fault_corpus_of(settings), out).start().finish(timeout_s=60)
+    assert code == 2 and "voxmill worker -Q extract" in " ".join(output.split()), output[-3000:]
     start_worker(settings, concurrency=2, queues=QUEUES)
+    driver = Driver(settings, fault_corpus_of(settings), out).start()
     finish_and_check(driver, stream, fault_reference)
 
 

@@ -3,6 +3,7 @@ its outputs and the report of its folder, rendered by a real headless Chromium."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -88,11 +89,30 @@ def test_the_report_reads_the_run(finished: tuple[Path, Path, Path]) -> None:
     assert data.failures_by_code == {}
 
 
+def test_voxmill_report_without_html_prints_a_summary(finished: tuple[Path, Path, Path]) -> None:
+    _, out, _ = finished
+    done = voxmill("report", str(out), env={"COLUMNS": "100"})
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert f"  utterances            {CLIPS}" in done.stdout
+    assert f"  wall time             {report['wall_seconds']:.1f} s" in done.stdout
+    assert f"  op embed              {CLIPS} ok, 0 failed" in done.stdout and "x real time" in done.stdout
+    assert f"  failures              none ({out}/errors.jsonl is empty)" in done.stdout
+    assert "  speakers              2" in done.stdout
+    missing = voxmill("report", str(out / "shards"))
+    assert missing.returncode == 2 and "not a finished `voxmill extract` output folder" in missing.stderr
+
+
 @needs_chromium
 def test_the_report_page_renders_in_chromium(finished: tuple[Path, Path, Path], tmp_path: Path) -> None:
     _, out, _ = finished
     page = write_report(out, tmp_path / "report.html")
-    laid_out = boxes(dump_dom(page, tmp_path / "dom-profile"))
+    dom = dump_dom(page, tmp_path / "dom-profile")
+    laid_out = boxes(dom)
+    listed = dom.split('id="failures-list"')[1].split("</p>")[0]  # none failed: says so, with the link
+    assert listed.startswith(">none: ") and listed.endswith("</a> is empty")
+    href = listed.split('href="')[1].split('"')[0]  # relative to the page, wherever it was written
+    assert (page.parent / href).resolve() == (out / "errors.jsonl").resolve()
     image = screenshot(page, tmp_path / "report.png", tmp_path / "shot-profile")
 
     def count(chart: str, color: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -121,6 +122,55 @@ def test_kaldi_dir_with_broken_files(tmp_path: Path) -> None:
         )
 
 
+def _said_audio(done: subprocess.CompletedProcess[str]) -> tuple[str, str, str]:
+    """(audio in the last progress line, audio in the summary line, the progress line's failures)."""
+    progress = [line for line in done.stderr.splitlines() if line.startswith("extract: ")][-1]
+    summary = next(line for line in done.stdout.splitlines() if " of audio in " in line)
+    amount = r"(\d[\d.]* (?:s|min|h))"
+    shown = re.search(rf"utterances, {amount} (?:of \S+ \S+ )?audio,", progress)
+    total = re.search(rf"utterances, {amount} of audio in", summary)
+    assert shown and total, (progress, summary)
+    failed = progress.rsplit(", failed: ", 1)[1] if ", failed: " in progress else ""
+    return shown.group(1), total.group(1), failed
+
+
+def test_the_progress_line_and_the_summary_say_the_same_audio_and_failures(tmp_path: Path) -> None:
+    """Many one-utterance shards (some files found before their announcement is heard), then a
+    resume that redoes a few: the last progress line counts the audio and the failures the summary
+    and its table count (the demo's broken clip: one failure per op)."""
+    from pipeline.demo import make_demo_corpus
+    from pipeline.models.standin import make_standins
+
+    data = make_demo_corpus(tmp_path / "demo")
+    make_standins(tmp_path / "models")
+    out = tmp_path / "out"
+    args = ("extract", str(data), "--out", str(out), "--models", str(tmp_path / "models"), "--workers", "2")
+    for attempt in ("fresh", "resumed"):
+        if attempt == "resumed":
+            for shard in sorted(shard_files(out))[::3]:
+                shard.unlink()
+        done = voxmill(*args, "--shard-size", "1", env={"COLUMNS": "200"}, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        progress, summary, failed = _said_audio(done)
+        assert progress == summary, (attempt, done.stderr, done.stdout)
+        assert failed == "1 tokenize, 1 embed", (attempt, done.stderr)
+
+
+def test_a_filter_re_merge_keeps_the_extractions_wall_time(tmp_path: Path, tiny_models: Path) -> None:
+    corpus = make_audio_folder(tmp_path / "corpus", 4, 1.0, 3.0, speakers=2)
+    out = tmp_path / "out"
+    assert extract(corpus, out, tiny_models).returncode == 0
+    extracted = json.loads((out / "report.json").read_text())
+    done = extract(corpus, out, tiny_models, "--min-duration", "2.0")
+    assert done.returncode == 0, done.stderr
+    remerged = json.loads((out / "report.json").read_text())
+    assert remerged["filters"]["min_duration_s"] == 2.0  # merged anew, with the filter
+    assert remerged["wall_seconds"] == extracted["wall_seconds"]
+    assert remerged["resubmitted_shards"] == extracted["resubmitted_shards"]
+    assert remerged["remerge_wall_seconds"] > 0 and "remerge_wall_seconds" not in extracted
+    assert f"of audio in {extracted['wall_seconds']:.1f} s; filters applied anew in " in done.stdout
+
+
 def test_jsonl_manifest_and_audio_folder_give_the_same_features(tmp_path: Path, tiny_models: Path) -> None:
     corpus = make_audio_folder(tmp_path / "corpus", 6, 1.0, 3.0, speakers=2)
     manifest = tmp_path / "manifest.jsonl"
@@ -152,6 +202,8 @@ def test_malformed_manifest_lines_are_reported_with_line_numbers(tmp_path: Path,
     done = extract(manifest, tmp_path / "out", tiny_models)
     assert done.returncode == 2
     assert "line 2" in done.stderr and "line 3" in done.stderr
+    # said before anything started: no output folder, so no local worker and no workers.log
+    assert not (tmp_path / "out").exists()
 
 
 def test_rerun_on_a_finished_folder_skips_every_shard(
@@ -347,3 +399,95 @@ def test_a_corpus_in_a_thousand_folders_under_two_top_level_folders_runs_embedde
     finally:
         for top in tops:
             shutil.rmtree(top, ignore_errors=True)
+
+
+def test_in_a_shell_with_a_broker_extract_says_whose_workers_run_and_what_they_cannot(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, start_worker, tiny_models: Path
+) -> None:
+    """A shell where `voxmill up`'s export line was run: `extract` is a broker run. `--workers` is
+    said to do nothing; a queue no live worker consumes (only `-Q embed` workers, `--ops
+    tokenize`) fails at once, exit 2, naming the command, with nothing sent; an --out the workers
+    may not write (outside their roots, as `up`'s workers outside its folder) says why."""
+    corpus = make_audio_folder(tmp_path / "corpus", 2, 0.5, 1.0, seed=7)
+    settings = make_settings(redis_url, tiny_models, [corpus])  # the workers write below corpus/ only
+    start_worker(settings, concurrency=1, queues=("embed",))
+    started = time.monotonic()
+    done = voxmill(
+        "extract", str(corpus), "--out", str(tmp_path / "out"), "--ops", "tokenize", "--workers", "2",
+        env=settings.to_env(), timeout=60,
+    )  # fmt: skip
+    said = " ".join(done.stderr.split())  # as one line, however the terminal wrapped it
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no live worker consumes the tokenize queue: start one with voxmill worker -Q tokenize" in said
+    assert "VOXMILL_BROKER_URL is set" in said and "--workers applies to local workers only" in said
+    assert time.monotonic() - started < 30 and redis_client.llen("tokenize") == 0  # nothing sent
+    done = voxmill(
+        "extract", str(corpus), "--out", str(tmp_path / "out2"), "--ops", "embed",
+        env=settings.to_env(), timeout=60,
+    )  # fmt: skip
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{tmp_path / 'out2'} is outside the allowed roots" in said
+    assert "VOXMILL_BROKER_URL is set, so this run's shards go to the workers on that broker" in said
+
+
+def test_a_broker_run_stops_when_every_worker_of_its_queue_is_gone(
+    tmp_path: Path, redis_url: str, start_worker, slow_models: Path
+) -> None:
+    """Every consumer of the run's queue stops mid-run (a hung machine: its heartbeats end): once
+    their records expire and `consumer_grace_s` passes, the run ends with exit 2 naming the
+    queue and the command, instead of waiting and resubmitting for ever."""
+    corpus = make_audio_folder(tmp_path / "corpus", 24, 1.0, 2.0, seed=9)
+    settings = make_settings(
+        redis_url, slow_models, [corpus, tmp_path], heartbeat_interval_s=0.5, heartbeat_ttl_s=2,
+        consumer_grace_s=3.0,
+    )  # fmt: skip
+    workers = start_worker(settings, concurrency=1, queues=("tokenize", "embed"))
+    assert workers.process is not None
+    out = tmp_path / "out"
+    args = [VOXMILL, "extract", str(corpus), "--out", str(out), "--shard-size", "2"]
+    proc = subprocess.Popen(
+        args, env=clean_env(settings.to_env()), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: shard_files(out) or proc.poll() is not None, timeout_s=120, interval_s=0.02)
+        os.killpg(workers.process.pid, signal.SIGSTOP)
+        assert proc.poll() is None, "the run finished before its worker could be stopped"
+        stopped = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        said = " ".join(stderr.split())
+        assert proc.returncode == 2, stderr
+        assert "no live worker has consumed the extract queue for 3 s (consumer_grace_s)" in said
+        assert "voxmill worker -Q extract" in said and "run the same command again" in said
+        assert time.monotonic() - stopped < 30
+        assert len(shard_files(out)) < 12  # it ended mid-run
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        workers.stop(timeout_s=0)  # SIGKILL reaches a stopped process
+
+
+def test_a_rerun_with_other_models_says_the_rows_are_not_theirs(tmp_path: Path, tiny_models: Path) -> None:
+    """A finished folder run again with another --models: every shard is an earlier run's, so
+    nothing is redone; the run says the rows' models differ and points at --redo-mixed."""
+    from pipeline.models.standin import make_standins
+
+    corpus = make_audio_folder(tmp_path / "corpus", 4, 0.5, 1.0, seed=13)
+    other = tmp_path / "other-models"
+    make_standins(other, profile="tiny", seed=1)
+
+    def run(models: Path) -> subprocess.CompletedProcess[str]:
+        return voxmill(
+            "extract", str(corpus), "--out", str(tmp_path / "out"), "--models", str(models), "--ops",
+            "embed", "--workers", "1", timeout=300,
+        )  # fmt: skip
+
+    first = run(tiny_models)
+    assert first.returncode == 0 and "--redo-mixed" not in first.stderr, first.stderr
+    again = run(other)
+    said = " ".join(again.stderr.split())
+    assert again.returncode == 0, again.stderr
+    assert "all done by an earlier run" in said
+    assert f"rows of these outputs were made by other models than those in {other}" in said
+    assert "--redo-mixed" in said
+

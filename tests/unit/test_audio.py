@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+import subprocess
+import sys
 import threading
 import tracemalloc
 from pathlib import Path
@@ -16,7 +18,16 @@ import pytest
 import soundfile as sf
 
 from pipeline.audio import decode, header, sources
-from pipeline.audio.decode import TARGET_RATE_HZ, Audio, Segment, check_samples, load_audio, resample, to_mono
+from pipeline.audio.decode import (
+    TARGET_RATE_HZ,
+    Audio,
+    ClipRefused,
+    Segment,
+    check_samples,
+    load_audio,
+    resample,
+    to_mono,
+)
 from pipeline.audio.header import AUDIOREAD_FORMAT, AudioInfo, probe_audio
 from pipeline.errors import (
     BAD_REQUEST,
@@ -518,6 +529,51 @@ def test_no_fallback_decoder_is_reported(tmp_path: Path) -> None:
     assert "text file" not in error.message
 
 
+NO_BACKEND_PROBE = """
+import sys
+from pipeline.audio.decode import load_audio
+from pipeline.errors import VoxmillError
+from pipeline.settings import AudioLimits
+try:
+    load_audio(sys.argv[1], AudioLimits())
+except VoxmillError as exc:
+    print(exc.code, exc.message)
+"""
+# An ffmpeg that is installed but reads nothing (as on a file no decoder knows).
+FAILING_FFMPEG = """#!/bin/sh
+[ "$1" = "-version" ] && echo "ffmpeg version 0" && exit 0
+echo "Invalid data found when processing input" >&2
+exit 1
+"""
+
+
+@pytest.mark.parametrize("ffmpeg", ["missing", "failing"])
+def test_the_fallback_message_says_whether_ffmpeg_was_tried(tmp_path: Path, ffmpeg: str) -> None:
+    """audioread picks its decoders from the PATH once per process: each case runs in its own."""
+    path = tmp_path / "clip.m4a"
+    path.write_bytes(b"\x00\x00\x00\x20ftypM4A " + bytes(range(256)) * 4)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if ffmpeg == "failing":
+        (bin_dir / "ffmpeg").write_text(FAILING_FFMPEG)
+        (bin_dir / "ffmpeg").chmod(0o755)
+    env = {**os.environ, "PATH": str(bin_dir)}
+    done = subprocess.run(
+        [sys.executable, "-c", NO_BACKEND_PROBE, str(path)],
+        env=env,
+        cwd=FIXTURES.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.startswith(f"{UNREADABLE} {path} is not a recognised audio file"), done.stderr
+    if ffmpeg == "missing":
+        assert "no other decoder was tried: ffmpeg is not installed" in done.stdout
+        assert "could not read it" not in done.stdout
+    else:
+        assert "ffmpeg could not read it either" in done.stdout
+
+
 # --------------------------------------------------------------------------- sample refusals
 
 
@@ -528,6 +584,18 @@ def test_79_ms_is_too_short_and_81_ms_is_fine(tmp_path: Path, rate: int) -> None
     assert error.message == "clip is 79 ms; at least 80 ms of audio is needed"
     ok = write(tmp_path / "ok.wav", sine(rate, 0.081), rate)
     assert load_audio(ok, LIMITS).duration_s == pytest.approx(0.081, abs=1 / TARGET_RATE_HZ)
+
+
+def test_a_refused_clip_says_what_is_known_of_it(tmp_path: Path) -> None:
+    short = refused(write(tmp_path / "s.wav", sine(22050, 0.042, channels=2), 22050), TOO_SHORT)
+    assert isinstance(short, ClipRefused)
+    assert short.stats["duration_s"] == pytest.approx(0.042, abs=1 / 22050)
+    assert (short.stats["source_rate_hz"], short.stats["source_channels"]) == (22050, 2)
+    assert short.stats["source_codec"] == "WAV/PCM_16" and short.stats["speech_s"] is None
+    assert -10.0 < short.stats["peak_dbfs"] < 0.0 and short.stats["rms_dbfs"] < short.stats["peak_dbfs"]
+    silent = refused(write(tmp_path / "z.wav", np.zeros(8000, dtype=np.int16), 16000), EMPTY)
+    assert isinstance(silent, ClipRefused) and silent.stats["duration_s"] == 0.5
+    assert silent.stats["rms_dbfs"] is None  # no levels claimed for a refused clip but a short one
 
 
 def test_exactly_80_ms_is_fine(tmp_path: Path) -> None:

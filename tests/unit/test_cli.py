@@ -42,6 +42,24 @@ def test_up_and_worker_refuse_a_missing_model_folder_at_once_with_the_fix(tmp_pa
         assert "--models demo/models" in line and "VOXMILL_MODEL_DIR" in line
 
 
+def test_extract_says_an_out_that_is_a_file_is_one_and_how_to_make_a_missing_model_folder(
+    tmp_path: Path, tiny_models: Path
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"utt": "a", "path": "a.wav"}\n')
+    existing = tmp_path / "a-file"
+    existing.write_text("x")
+    done = voxmill("extract", str(corpus), "--out", str(existing), "--models", str(tiny_models))
+    line = one_error_line(done.stderr)
+    assert done.returncode == 2 and f"{existing}: it is a file, not a folder" in line
+    missing = tmp_path / "no-models"
+    done = voxmill("extract", str(corpus), "--out", str(tmp_path / "out"), "--models", str(missing))
+    line = one_error_line(done.stderr)
+    assert done.returncode == 2 and f"model folder {missing} does not exist" in line
+    assert f"`voxmill models make-standin --out {missing}`" in line  # as an empty folder's error says
+    assert not (tmp_path / "out").exists()
+
+
 def test_up_refuses_a_folder_without_the_models_its_queues_need(tmp_path: Path) -> None:
     done = voxmill("up", "--workers", "1", "--models", str(tmp_path), "-Q", "embed")
     assert done.returncode == 2 and "no embedder model" in one_error_line(done.stderr)
@@ -80,3 +98,60 @@ def test_help_reads_as_sentences_on_80_columns() -> None:
     done = voxmill("worker", "--help", env={"COLUMNS": "80"})
     text = " ".join(done.stdout.split())
     assert "voxmill never revokes tasks, so a worker does not spend a second at start" in text
+
+
+HELP_COLUMNS = 80
+MIN_HELP_WIDTH = 36  # of 80: the text beside each option is at least this wide (it was 23 for extract)
+
+
+def help_text_width(help_page: str) -> dict[str, int]:
+    """Per panel of a `--help` page (Options, Arguments...), how wide its help-text column is.
+
+    A panel is a box of lines `│ ... │`; a line whose option column is empty continues the help
+    text of the row above, so its indentation is where the help text starts: the column is what
+    is left of the box's inside from there.
+    """
+    widths: dict[str, int] = {}
+    panel = ""
+    for line in help_page.splitlines():
+        if line.startswith("╭─"):
+            panel = line.strip("╭─╮ ").split(" ")[0]
+        elif line.startswith("│") and line.rstrip().endswith("│") and panel:
+            inside = line.rstrip()[1:-1]
+            text = inside.lstrip(" ")
+            start = len(inside) - len(text)
+            if text and start >= 10:  # a continuation line (an option row starts within 4)
+                widths[panel] = min(widths.get(panel, len(inside)), len(inside) - start)
+    return widths
+
+
+def test_no_command_squeezes_its_help_text_on_80_columns() -> None:
+    """Every command's help: each panel's help-text column is at least MIN_HELP_WIDTH of 80."""
+    group = typer.main.get_command(app)
+    commands = [[name] for name in group.commands if name != "models"]  # type: ignore[attr-defined]
+    commands += [["models", name] for name in group.commands["models"].commands]  # type: ignore[attr-defined]
+    squeezed = {}
+    for command in commands:
+        done = voxmill(*command, "--help", env={"COLUMNS": str(HELP_COLUMNS)})
+        assert done.returncode == 0, done.stderr
+        assert max(len(line) for line in done.stdout.splitlines()) <= HELP_COLUMNS
+        narrow = {p: w for p, w in help_text_width(done.stdout).items() if w < MIN_HELP_WIDTH}
+        if narrow:
+            squeezed[" ".join(command)] = narrow
+    assert squeezed == {}, f"help text narrower than {MIN_HELP_WIDTH} of {HELP_COLUMNS} columns: {squeezed}"
+    extract = voxmill("extract", "--help", env={"COLUMNS": str(HELP_COLUMNS)}).stdout
+    assert help_text_width(extract)["Options"] >= MIN_HELP_WIDTH  # the panel the test is about, measured
+
+
+WIDE = {"COLUMNS": "200"}  # an error in one box line
+
+
+def test_extract_refuses_a_filter_out_of_its_range(tmp_path: Path) -> None:
+    for option, value, why in (
+        ("--min-speech-ratio", "1.5", "1.5 is not a fraction from 0 to 1"),
+        ("--max-clipped", "-0.1", "-0.1 is not a fraction from 0 to 1"),
+        ("--min-duration", "-1", "-1 is not a number of seconds (0 or more)"),
+    ):
+        done = voxmill("extract", str(tmp_path), "--out", str(tmp_path / "out"), option, value, env=WIDE)
+        assert done.returncode == 2 and why in done.stderr, done.stderr
+        assert not (tmp_path / "out").exists()

@@ -7,6 +7,7 @@ CI installs the Debian `docker-compose` package in `.ci/run`; without it these t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -69,6 +70,32 @@ def test_config_fails_without_redis_password(tmp_path: Path) -> None:
     done = compose_config(tmp_path)
     assert done.returncode != 0
     assert "REDIS_PASSWORD" in done.stderr
+
+
+def required_variables(tmp_path: Path, *args: str) -> list[str]:
+    """The variables `docker-compose config` refuses to run without, found by running it: each
+    refusal names one (`set NAME`), which is then given, until it runs."""
+    given: dict[str, str] = {}
+    for _ in range(len(COMPOSE_VARIABLES) + 1):
+        done = compose_config(tmp_path, *args, **given)
+        if done.returncode == 0:
+            return list(given)
+        missing = re.findall(r"set (\w+)", done.stderr)  # the refusal's own words come last
+        assert missing, done.stderr
+        given[missing[-1]] = "x:y"
+    raise AssertionError(f"docker-compose config still fails with {given}")
+
+
+def test_the_readme_and_the_compose_file_say_which_variables_are_required(tmp_path: Path) -> None:
+    required = set(required_variables(tmp_path)) | set(required_variables(tmp_path, "--profile", "gpu"))
+    assert required == {"REDIS_PASSWORD", "FLOWER_BASIC_AUTH"}
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Docker compose", 1)[1].split("\n## ", 1)[0]
+    exports = [line for line in section.splitlines() if line.startswith("export ")]
+    header = (ROOT / "docker-compose.yml").read_text().split("\nx-voxmill-env", 1)[0]
+    for name in required:
+        assert any(f"{name}=" in line for line in exports), f"README's compose section: no export of {name}"
+        assert f"export {name}=" in header and "required" in header.split(f"export {name}=")[1].split("\n")[0]
 
 
 def test_redis_has_aof_a_password_and_a_healthcheck(tmp_path: Path) -> None:

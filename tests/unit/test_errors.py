@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import CODES, ModelUnavailable, VoxmillError
+from workers.corpus.cluster import NoRunConsumer
 from workers.corpus.plan import RunError
 from workers.embedded import ProcessExited
 from workers.observe.run_metrics import RunMetricsPortError
@@ -32,6 +33,7 @@ def test_codes_are_unique() -> None:
         (RunMetricsPortError("port 9466 is taken"), "run_error"),
         (BrokerNotConfigured(), "no_broker"),
         (NoConsumer("embed"), "no_consumer"),
+        (NoRunConsumer(["tokenize"], "no live worker consumes the tokenize queue"), "no_consumer"),
         (ProcessExited("the local worker exited with code 1"), "process_exited"),
         (ModelUnavailable("no tokenizer loaded yet"), "model_error"),
     ],

@@ -12,7 +12,7 @@ import soundfile as sf
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline import Extractor
-from pipeline.errors import MODEL_ERROR, NON_FINITE, OUT_OF_RANGE, VoxmillError
+from pipeline.errors import MODEL_ERROR, NON_FINITE, OUT_OF_RANGE, ErrorRecord, VoxmillError
 from pipeline.features import whisper_log_mel
 from pipeline.inference import (
     STRIDE_FRAMES,
@@ -114,12 +114,12 @@ def test_30_s_clip_is_one_window(extractor: Extractor) -> None:
 def test_process_returns_errors_as_data(extractor: Extractor, tmp_path: Path) -> None:
     limits = AudioLimits()
     result = run_clip("x", tmp_path / "missing.wav", "extract", extractor.sessions, limits)
-    assert result.error == {"code": "not_found", "message": f"no such file: {tmp_path / 'missing.wav'}"}
+    assert result.error == ErrorRecord("not_found", f"no such file: {tmp_path / 'missing.wav'}")
     assert set(result.models) == {"tokenizer", "embedder"}
     ok = run_clip("y", FIXTURES / "chirp_3s.wav", "extract", extractor.sessions, limits)
     assert ok.error is None and ok.audio_seconds == 3.0 and len(ok.embedding or []) == 192
     bad = run_clip("z", FIXTURES / "chirp_3s.wav", "transcribe", extractor.sessions, limits)
-    assert bad.error is not None and bad.error["code"] == "bad_request"
+    assert bad.error is not None and bad.error.code == "bad_request"
 
 
 def test_extractor_without_a_role_says_so(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_an_unexpected_exception_fails_that_clip_alone_as_internal(
 
     monkeypatch.setattr(inference, "run_op", broken_on_z)
     broken = run_clip("z", tmp_path / "short.wav", "extract", extractor.sessions, AudioLimits())
-    assert broken.error == {"code": "internal", "message": "RuntimeError: a bug"}
+    assert broken.error == ErrorRecord("internal", "RuntimeError: a bug")
     assert broken.stats is not None  # what was known before the bug is kept
     assert run_clip("y", FIXTURES / "chirp_3s.wav", "extract", extractor.sessions, AudioLimits()).ok
 
@@ -234,7 +234,7 @@ def test_a_clip_of_numbers_not_audio_is_out_of_range_and_its_result_is_json(
     """Issue 31: a float WAV of 1e30 gave 192 x NaN and tokens of -2^63 (bare NaN in the JSON)."""
     path = float_wav(tmp_path / "loud.wav", value)
     result = run_clip("loud", path, "extract", extractor.sessions, AudioLimits())
-    assert result.error is not None and result.error["code"] == OUT_OF_RANGE
+    assert result.error is not None and result.error.code == OUT_OF_RANGE
     assert result.speech_token is None and result.embedding is None
     json.dumps(result.to_dict(), allow_nan=False)
 
@@ -261,7 +261,7 @@ def test_token_ids_outside_the_codebook_are_a_model_error(tmp_path: Path, token:
     path = tmp_path / "ok.wav"
     sf.write(path, wave, 16000)
     result = run_clip("clip", path, "tokenize", {"tokenizer": session}, AudioLimits())
-    assert result.error is not None and result.error["code"] == MODEL_ERROR
+    assert result.error is not None and result.error.code == MODEL_ERROR
     assert result.speech_token is None
 
 
@@ -281,7 +281,35 @@ def test_a_nan_embedding_is_a_model_error_for_that_clip_alone(extractor: Extract
     sf.write(path, speech(1.0), 16000)
     sessions = {"tokenizer": extractor.sessions["tokenizer"], "embedder": session}
     result = run_clip("clip", path, "extract", sessions, AudioLimits())
-    assert result.error is not None and result.error["code"] == MODEL_ERROR
-    assert "embedding with 192 non-finite values (NaN or Inf) of 192" in result.error["message"]
+    assert result.error is not None and result.error.code == MODEL_ERROR
+    assert "embedding with 192 non-finite values (NaN or Inf) of 192" in result.error.message
     json.dumps(result.to_dict(), allow_nan=False)
     assert run_clip("clip", path, "tokenize", sessions, AudioLimits()).ok  # the other op still serves
+
+
+def s3tokenizer_030_starts(n_frames: int) -> list[int]:
+    """s3tokenizer 0.3.0's long-audio loop: a window at every stride while it starts inside the clip,
+    so past 5,200 frames it adds a tail window the one before already covered (docs/models.md)."""
+    starts, start = [], 0
+    while start < n_frames:
+        starts.append(start)
+        start += STRIDE_FRAMES
+    return starts
+
+
+@pytest.mark.parametrize(
+    ("frames", "tokens", "s3tokenizer_030"),
+    [(5201, 1301, 1251), (7801, 1951, 1901), (10401, 2601, 2551), (5600, 1400, 1400)],
+)
+def test_long_clips_keep_every_token_where_s3tokenizer_0_3_0_drops_50(
+    extractor: Extractor, frames: int, tokens: int, s3tokenizer_030: int
+) -> None:
+    """voxmill's windows end once one reaches the clip's end: (T-1)//4+1 tokens at 25 Hz, as one
+    window over the whole clip would give. s3tokenizer 0.3.0's redundant tail window costs it 50
+    (2 s) at these lengths; at 5,600 frames the count agrees but its last 2 s come from the tail."""
+    wave = (0.1 * np.random.default_rng(frames).standard_normal(frames * 160)).astype(np.float32)
+    assert whisper_log_mel(wave).shape[1] == frames
+    assert len(extractor.tokenize(wave)) == tokens == (frames - 1) // 4 + 1
+    per_window = [(min(WINDOW_FRAMES, frames - s) - 1) // 4 + 1 for s in s3tokenizer_030_starts(frames)]
+    merged = merge_windows([[0] * n for n in per_window], token_rate_hz=25)
+    assert len(merged) == s3tokenizer_030  # the counts measured with s3tokenizer 0.3.0 (issue 35)

@@ -159,3 +159,28 @@ def test_lhotse_cuts_are_read_in_full_and_refused_the_same_way(tmp_path: Path) -
         check_listing(source, LIMIT)
     source.write_text(json.dumps(cut) + "\n")
     check_listing(source, LIMIT)
+
+
+def test_a_run_looks_at_the_first_lines_before_it_starts_anything(tmp_path: Path) -> None:
+    """`first_problems`: what `extract` reads before any worker is spawned. A problem in the first
+    lines (or an input that is no listing) is told as the reader tells it; one further on is the
+    whole-listing check's, and so is an id listed twice."""
+    from pipeline.corpus.listing import first_problems
+    from workers.extract import check_first_lines
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"utt": "a", "path": "a.wav"}\nnot json\n' + '{"utt": 3, "path": "b.wav"}\n' * 3000)
+    problems = first_problems(bad, LIMIT, utterances=10)
+    assert problems and problems[0].startswith(f"{bad} line 2: not valid JSON")
+    with pytest.raises(CorpusError) as caught:  # told whole: every bad line, not the first few
+        check_first_lines(bad, LIMIT)
+    assert len(caught.value.problems) == 3001
+    late = tmp_path / "late.jsonl"
+    lines = [json.dumps({"utt": f"u{i}", "path": f"{i}.wav"}) + "\n" for i in range(50)]
+    late.write_text("".join(lines) + "{\n")
+    assert first_problems(late, LIMIT, utterances=10) == []
+    assert "line 51" in first_problems(late, LIMIT)[0]  # a short listing is read to its end
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text('{"utt": "a", "path": "a.wav"}\n{"utt": "a", "path": "b.wav"}\n')
+    assert first_problems(twice, LIMIT) == []
+    assert "no such file or folder" in first_problems(tmp_path / "missing", LIMIT)[0]

@@ -41,3 +41,36 @@ def test_the_summary_line_says_minutes_for_a_short_corpus() -> None:
     assert summary_line({"utterances": 14, "audio_seconds": 95.0, "wall_seconds": 3.21}) == (
         "14 utterances, 1.6 min of audio in 3.2 s"
     )
+
+
+def test_an_extract_tasks_failures_count_for_each_op_asked_as_the_table_does() -> None:
+    counts = Counts(n_ops=1, units_total=14, units_done=14, failed={"extract": 1})
+    assert counts.line(("tokenize", "embed")).endswith("failed: 1 tokenize, 1 embed")
+    assert counts.line().endswith("failed: 1 extract")  # before the plan says what was asked
+
+
+def test_a_resumed_run_counts_the_audio_an_earlier_run_did_but_not_towards_its_speed() -> None:
+    counts = Counts(n_ops=2, units_total=8, units_done=8, units_resumed=6, started=time.monotonic() - 10)
+    counts.audio_done_s = 40.0  # 20 s each op, this run
+    counts.add_resumed("tokenize", 1, 50.0)
+    counts.add_resumed("embed", 1, 50.0)
+    line = counts.line()
+    assert line.startswith("4/4 utterances, 1.2 min audio, ")  # (40 + 100) / 2 = 70 s
+    assert 1.5 < counts.rtf() <= 2.0 and line.endswith("failed: 1 tokenize, 1 embed")
+    counts.resumed_uncounted = 1  # an earlier shard in an object store: its audio is not known
+    assert counts.line().startswith("4/4 utterances, 20 s audio in this run, ")
+
+
+def test_the_summary_table_says_how_many_of_its_failures_the_filters_left_out() -> None:
+    from workers.corpus.progress import summary_table
+
+    report = {"ops": {"embed": {"ok": 11, "failed": 3}}, "filters": {"filtered_utterances": 2}}
+    assert summary_table(report, "out").caption == "failed includes 2 utterance(s) left out by the filters"
+    assert summary_table({"ops": {"embed": {"ok": 13, "failed": 1}}}, "out").caption is None
+
+
+def test_the_summary_line_keeps_the_extractions_time_after_a_re_merge() -> None:
+    report = {"utterances": 14, "audio_seconds": 68.8, "wall_seconds": 1.1, "remerge_wall_seconds": 0.5}
+    assert summary_line(report) == (
+        "14 utterances, 1.1 min of audio in 1.1 s; filters applied anew in 0.5 s (nothing extracted)"
+    )

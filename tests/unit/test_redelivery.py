@@ -16,8 +16,10 @@ from workers.queue.delivery import (
     WorkerView,
     absence,
     consumer_missing,
+    consumers_gone,
     deadline_s,
     late_reason,
+    no_consumer_message,
     queues_without_consumer,
     start_command,
     verdict,
@@ -96,6 +98,42 @@ def test_no_consumer_names_the_queue_and_the_command_that_starts_a_worker() -> N
     assert error.queue == "extract"
     assert "voxmill worker -Q extract" in str(error) and "-Q tokenize,embed" in str(error)
     assert start_command("embed") == "voxmill worker -Q embed"
+
+
+def test_a_run_stops_only_for_a_queue_of_its_own_without_consumer_for_the_whole_grace() -> None:
+    """`extract` on a broker: only `-Q embed` workers and a run that needs tokenize. Before its
+    first shard the grace is a heartbeat interval (as `submit`); mid-run a longer one, and a queue
+    whose shards are all done (no longer asked about) forgets its absence."""
+    view = WorkerView.from_records([record("h:1", ["embed"], ["embedder"])])
+    absent, gone = consumers_gone(["tokenize", "embed"], view, {}, 100.0, 3.0)
+    assert absent == {"tokenize": (100.0, 100.0)} and gone == []
+    absent, gone = consumers_gone(["tokenize", "embed"], view, absent, 102.0, 3.0)
+    assert gone == []  # a Redis restart: the records come back within a heartbeat interval
+    absent, gone = consumers_gone(["tokenize", "embed"], view, absent, 103.0, 3.0)
+    assert gone == ["tokenize"]
+    message = no_consumer_message(gone)
+    assert "no live worker consumes the tokenize queue" in message and "voxmill worker -Q tokenize" in message
+    # several queues, named in voxmill's queue order, each with its command
+    nobody = WorkerView.from_records([])
+    absent, _ = consumers_gone(["extract", "embed", "tokenize"], nobody, {}, 0.0, 3.0)
+    assert consumers_gone(["extract", "embed", "tokenize"], nobody, absent, 3.0, 3.0)[1] == [
+        "tokenize",
+        "embed",
+        "extract",
+    ]
+    # mid-run (grace 180 s): the worker back within it clears the absence; a gap in looking (a
+    # broker outage) proves nothing, so the absence starts again
+    absent, gone = consumers_gone(["embed"], nobody, {}, 0.0, 180.0)
+    absent, gone = consumers_gone(["embed"], nobody, absent, 179.0, 180.0)
+    assert gone == []
+    assert consumers_gone(["embed"], view, absent, 181.0, 180.0) == ({}, [])
+    assert consumers_gone(["embed"], nobody, absent, 181.0, 180.0)[1] == ["embed"]
+    assert consumers_gone(["embed"], nobody, {"embed": (0.0, 10.0)}, 400.0, 180.0) == (
+        {"embed": (400.0, 400.0)},
+        [],
+    )
+    # a queue no shard waits in any more is not asked about: its absence is dropped
+    assert consumers_gone([], nobody, {"embed": (0.0, 179.0)}, 181.0, 180.0) == ({}, [])
 
 
 # -- a worker that cannot load a model ----------------------------------------------------------

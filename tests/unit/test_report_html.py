@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.errors import ErrorRecord
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
@@ -19,10 +20,15 @@ from tests.browser import boxes, color_mask, dump_dom, needs_chromium, screensho
 from workers.observe.report_html import (
     BAR,
     BAR_FAILED,
+    FIRST_FAILURES,
+    HEIGHT,
     LINES,
+    MARGIN_BOTTOM,
+    MARGIN_TOP,
     ReportData,
     load_report_data,
     render_html,
+    render_text,
     write_report,
 )
 
@@ -47,6 +53,18 @@ def sample_data() -> ReportData:
             "ops": {"embed": {"ok": 300, "failed": 15}},
         },
     )
+
+
+def bar_heights(mask: np.ndarray) -> list[int]:
+    """The heights in pixels of the bars a colour mask of a chart holds, left to right."""
+    runs, current = [], 0
+    for height in mask.sum(axis=0):
+        if height:
+            current = max(current, int(height))
+        elif current:
+            runs.append(current)
+            current = 0
+    return runs
 
 
 def test_the_page_loads_nothing_from_elsewhere() -> None:
@@ -87,7 +105,7 @@ def test_the_loader_reads_a_run_folder(tmp_path: Path) -> None:
         for i, u in enumerate(utts[:3])
     ]
     results.append(
-        TaskResult(input="u3", op="embed", error={"code": "no_speech", "message": "m"}, stats=stats[3])
+        TaskResult(input="u3", op="embed", error=ErrorRecord("no_speech", "m"), stats=stats[3])
     )
     write_shard(RunFolder.of(tmp_path), ShardSpec(0, "embed", str(tmp_path), utts[:2]), results[:2])
     time.sleep(0.05)
@@ -144,15 +162,73 @@ def test_chromium_draws_every_plot(tmp_path: Path) -> None:
     assert counts["durations"] > 5000 and counts["speakers"] > 5000 and counts["failures"] > 3000
     assert counts["throughput"] > 500 and counts["speech-ratio"] == 0
     # The speakers' bars, measured on screen: 40, 20, 10 utterances.
-    columns = pixels("speakers", BAR).sum(axis=0)
-    runs, current = [], 0
-    for height in columns:
-        if height:
-            current = max(current, int(height))
-        elif current:
-            runs.append(current)
-            current = 0
+    runs = bar_heights(pixels("speakers", BAR))
     assert len(runs) == 3
     assert runs[0] / runs[1] == pytest.approx(2.0, rel=0.05) and runs[1] / runs[2] == pytest.approx(
         2.0, rel=0.1
     )
+
+
+def test_a_speaker_whose_every_clip_failed_has_its_bar_and_the_failures_are_listed(tmp_path: Path) -> None:
+    """The speakers come from utt_stats.parquet (every utterance), the failures from errors.jsonl."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out"
+    out.mkdir()
+    utts = {"a1": "a", "a2": "a", "b1": "broken-spk", "b2": "broken-spk"}
+    pq.write_table(pa.table({"utt": list(utts), "spk": list(utts.values())}), out / "utt_stats.parquet")
+    errors = [
+        {"utt": u, "op": op, "code": "unreadable", "message": f"{u}.wav is <not> audio"}
+        for u in ("b1", "b2")
+        for op in ("tokenize", "embed")
+    ]
+    (out / "errors.jsonl").write_text("".join(json.dumps(e) + "\n" for e in errors))
+    report = {"utterances": 4, "audio_seconds": 60.0, "wall_seconds": 3.0, "remerge_wall_seconds": 0.2}
+    (out / "report.json").write_text(json.dumps(report))
+    data = load_report_data(out)
+    assert data.utts_per_speaker == {"a": 2, "broken-spk": 2}
+    assert data.failed_per_speaker == {"broken-spk": 2}
+    assert data.failure_rows == 4 and data.first_failures[0] == errors[0]
+
+    page = write_report(out, tmp_path / "pages" / "run.html").read_text()
+    speakers = page.split('id="speakers"')[1].split("</svg>")[0]
+    assert "broken-spk failed: 2" in speakers and f'fill="{BAR_FAILED}"' in speakers
+    listed = page.split('id="failures-list"')[1].split("</table>")[0]
+    assert listed.count("<tr>") == 5 and "b1.wav is &lt;not&gt; audio" in listed  # header + 4 rows
+    assert '<a href="../out/errors.jsonl">errors.jsonl</a>' in page  # relative to the page
+    assert "filters applied anew" in page and "20.0x real time" in page  # the extraction's speed
+
+    text = render_text(data, "out/errors.jsonl")
+    assert "speakers              2; every utterance failed for broken-spk" in text
+    assert "4 failure(s) (utterance and op), from out/errors.jsonl:" in text
+    assert "  b2  embed  unreadable: b2.wav is <not> audio" in text
+    assert "failed utterances     2 by code: unreadable 2" in text
+
+
+def test_many_failures_list_the_first_few_and_say_where_the_rest_are(tmp_path: Path) -> None:
+    errors = [{"utt": f"u{i}", "op": "embed", "code": "no_speech", "message": "m"} for i in range(25)]
+    (tmp_path / "errors.jsonl").write_text("".join(json.dumps(e) + "\n" for e in errors))
+    data = load_report_data(tmp_path)
+    assert data.failure_rows == 25 and len(data.first_failures) == FIRST_FAILURES
+    assert f"25 failure(s) (utterance and op) in x; the first {FIRST_FAILURES}:" in render_text(data, "x")
+
+
+@needs_chromium
+def test_chromium_draws_the_failed_part_of_each_speakers_bar_and_lists_the_failures(tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    data = sample_data()
+    data.failed_per_speaker = {"c": 10, "b": 5}  # every clip of c failed, a quarter of b's
+    data.first_failures = [{"utt": "c_001", "op": "embed", "code": "no_speech", "message": "0 ms of speech"}]
+    data.failure_rows = 1
+    page.write_text(render_html(data))
+    dom = dump_dom(page, tmp_path / "profile-dom")
+    x, y, w, h = boxes(dom)["speakers"]
+    image = screenshot(page, tmp_path / "report.png", tmp_path / "profile-shot")
+    chart = image[y + MARGIN_TOP : y + HEIGHT - MARGIN_BOTTOM, x : x + w]  # the plot, not its legend
+    runs = bar_heights(color_mask(chart, BAR_FAILED))  # the red bars, left to right: b, then c
+    assert len(runs) == 2 and runs[1] / runs[0] == pytest.approx(2.0, rel=0.1)
+    blue = color_mask(chart, BAR).sum(axis=0)
+    assert int(blue.sum()) > 3000  # a's and b's ok parts
+    listed = dom.split('id="failures-list"')[1].split("</table>")[0]
+    assert "c_001" in listed and "0 ms of speech" in listed and 'href="errors.jsonl"' in dom

@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import OUTPUT_ERROR, VoxmillError
+from pipeline.errors import OUTPUT_ERROR, ErrorRecord, VoxmillError
 from pipeline.outputs import writers
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs, speaker_means
 from pipeline.outputs.writers import read_shard, shard_counts, write_shard
-from pipeline.records import ShardSpec, TaskResult, Utterance
+from pipeline.records import ShardSpec, TaskResult, Utterance, models_from_dict
 from pipeline.storage import locations
 
 TOK = {"tokenizer": {"file": "speech_tokenizer_v2.onnx", "sha256": "a" * 64}}
@@ -34,14 +34,14 @@ def _ok(op: str, utt: str, seconds: float = 1.5) -> TaskResult:
     seed = sum(map(ord, utt))
     tokens = [seed % 4096, (seed * 7) % 4096, 6560] if op in ("tokenize", "extract") else None
     embedding = [float(seed % 10) / 8, -0.25, 1e-3] if op in ("embed", "extract") else None
-    models = {**(TOK if tokens else {}), **(EMB if embedding else {})}
+    models = models_from_dict({**(TOK if tokens else {}), **(EMB if embedding else {})})
     return TaskResult(
         input=utt, op=op, speech_token=tokens, embedding=embedding, audio_seconds=seconds, models=models
     )
 
 
 def _failed(op: str, utt: str, code: str = "unreadable") -> TaskResult:
-    return TaskResult(input=utt, op=op, error={"code": code, "message": f"{utt} is broken"})
+    return TaskResult(input=utt, op=op, error=ErrorRecord(code, f"{utt} is broken"))
 
 
 def _temp_files(folder: Path) -> list[str]:
@@ -325,7 +325,7 @@ def test_merge_reports_mixed_models_across_shards(tmp_path: Path) -> None:
     write_shard(RunFolder.of(tmp_path), specs[0], [_ok("embed", "a")])
     for spec in specs[1:]:
         result = _ok("embed", spec.utts[0].utt)
-        write_shard(RunFolder.of(tmp_path), spec, [TaskResult(**{**result.to_dict(), "models": new})])
+        write_shard(RunFolder.of(tmp_path), spec, [TaskResult.from_dict({**result.to_dict(), "models": new})])
     report = merge_outputs(RunFolder.of(tmp_path), specs, {})
     assert report["models"] == new
     assert report["models_mixed"]["embedder"][0] == {**new["embedder"], "shards": 2}
@@ -342,7 +342,7 @@ def test_speaker_means_uses_float64_and_stores_float32() -> None:
 def _with_stats(result: TaskResult, ratio: float, clipped: float = 0.0) -> TaskResult:
     stats = {"source_rate_hz": 16000, "source_channels": 1, "source_codec": "WAV/PCM_16", "duration_s": 1.5}
     stats |= {"speech_s": 1.5 * ratio, "speech_ratio": ratio, "rms_dbfs": -20.0, "peak_dbfs": -3.0}
-    return TaskResult(**{**result.to_dict(), "stats": {**stats, "clipped_fraction": clipped}})
+    return TaskResult.from_dict({**result.to_dict(), "stats": {**stats, "clipped_fraction": clipped}})
 
 
 def _stats_run(tmp_path: Path) -> list[ShardSpec]:
@@ -373,6 +373,10 @@ def test_merge_writes_utt_stats_their_percentiles_and_provenance_in_every_file(t
         metadata = pq.read_metadata(tmp_path / name).metadata
         provenance = json.loads(metadata[b"voxmill.provenance"])
         assert provenance["models"] == {**TOK, **EMB} and "voxmill" in provenance, name
+        # What Arrow readers see: the Arrow schema's metadata, the same provenance.
+        table = pq.read_table(tmp_path / name)
+        assert json.loads(table.schema.metadata[b"voxmill.provenance"]) == provenance, name
+        assert table.num_rows > 0 and table.schema.names == pq.read_schema(tmp_path / name).names
 
 
 def test_a_quality_filter_leaves_utterances_out_and_lists_them_with_the_reason(tmp_path: Path) -> None:
@@ -413,6 +417,27 @@ def test_merge_of_a_run_whose_every_utterance_failed_writes_empty_outputs(tmp_pa
     report = merge_outputs(RunFolder.of(tmp_path), [spec], {})
     assert report["ops"]["embed"] == {"ok": 0, "failed": 1}
     assert pq.read_table(tmp_path / "spk_embeddings.parquet").num_rows == 0
+
+
+def test_a_too_short_clips_stats_row_holds_what_is_known(tmp_path: Path) -> None:
+    """A clip refused once decoded still has its rate, channels, codec, duration and levels."""
+    import soundfile as sf
+
+    from pipeline.inference import run_clip
+    from pipeline.settings import AudioLimits
+
+    clip = tmp_path / "short.flac"
+    sf.write(clip, 0.5 * np.sin(np.arange(1344) / 10.0), 32000)  # 42 ms
+    utt = Utterance(utt="short", path=str(clip), spk="s")
+    result = run_clip("short", clip, "embed", {}, AudioLimits())  # refused before any model runs
+    assert result.error is not None and result.error.code == "too_short"
+    spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[utt])
+    write_shard(RunFolder.of(tmp_path), spec, [result])
+    merge_outputs(RunFolder.of(tmp_path), [spec], {})
+    (row,) = pq.read_table(tmp_path / "utt_stats.parquet").to_pylist()
+    assert row["duration_s"] == 0.042 and row["source_rate_hz"] == 32000 and row["source_channels"] == 1
+    assert row["source_codec"] == "FLAC/PCM_16" and row["peak_dbfs"] == pytest.approx(-6.02, abs=0.05)
+    assert row["speech_s"] is None and row["speech_ratio"] is None
 
 
 def test_an_extract_shard_run_for_both_ops_merges_as_the_two_ops_would(tmp_path: Path) -> None:

@@ -1,10 +1,14 @@
 """Where a corpus run's shards are done: workers anywhere on a broker, or a cluster of its own.
 
-The driver asks a cluster three things: its settings (the broker), how many worker processes
-are ready (how many shards to keep in flight), and whether it can still do the work (`check`,
-which raises `RunError` when it cannot); and it tells it to `stop` once every shard file exists.
+The driver asks a cluster four things: its settings (the broker), how many worker processes
+are ready (how many shards to keep in flight), whether a queue has a consumer before its first
+shard goes there (`require_consumer`), and whether it can still do the work (`check`, which
+raises `RunError` when it cannot); and it tells it to `stop` once every shard file exists.
 
-- `RemoteCluster`: `VOXMILL_BROKER_URL` is set; workers anywhere take the shards.
+- `RemoteCluster`: `VOXMILL_BROKER_URL` is set; workers anywhere take the shards. A queue of the
+  run that no live worker consumes stops it (`NoRunConsumer`, code `no_consumer`): at once before
+  its first shard, as `voxmill submit` does, and after `consumer_grace_s` when every consumer of a
+  queue its shards wait in is gone mid-run (the decisions: `workers.queue.delivery.consumers_gone`).
 - `EmbeddedCluster`: no broker; a private Redis and local worker processes, spawned as soon as
   the corpus is read (a worker takes a second or more to import its code and load its models,
   time the run fills with probing the corpus and submitting the first shards, which wait in the
@@ -16,21 +20,32 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.errors import VoxmillError
+from pipeline.errors import NO_CONSUMER, VoxmillError
 from pipeline.models.registry import Registry
 from pipeline.outputs.folder import RunFolder
 from pipeline.records import ROLES_BY_OP
 from pipeline.settings import Settings
+from workers import tuning
 from workers.corpus.plan import RunError
 from workers.embedded import EmbeddedRedis, LocalWorkers, ProcessExited
-from workers.heartbeat import count_ready_workers
+from workers.heartbeat import count_ready_workers, read_worker_records
+from workers.queue.delivery import WorkerView, consumers_gone, no_consumer_message, start_command
 
 if TYPE_CHECKING:  # redis-py and Celery are imported once the local workers are spawned
     import redis
+
+
+class NoRunConsumer(RunError):
+    """A run's shards go to queues no live worker consumes (code `no_consumer`): which, and the
+    command that starts a worker for each."""
+
+    def __init__(self, queues: Sequence[str], message: str) -> None:
+        super().__init__(message, NO_CONSUMER)
+        self.queues = tuple(queues)
 
 
 class RemoteCluster:
@@ -38,6 +53,9 @@ class RemoteCluster:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._required: set[str] = set()  # queues found served before their first shard
+        self._absent: dict[str, tuple[float, float]] = {}  # queue -> (since, last look) without one
+        self._looked_at = -float("inf")
 
     def start(self) -> RemoteCluster:
         """`RunError` at once when the broker does not answer (an outage later is ridden out)."""
@@ -59,8 +77,44 @@ class RemoteCluster:
     def ready_workers(self, client: redis.Redis) -> int:
         return count_ready_workers(client)
 
-    def check(self, client: redis.Redis) -> None:
-        """Workers may come and go: nothing to check (late shards are submitted again)."""
+    def require_consumer(self, client: redis.Redis, queue: str, run_queues: Sequence[str] = ()) -> None:
+        """Before the first shard goes to `queue`: `NoRunConsumer` unless a live worker consumes it,
+        naming every queue of `run_queues` without one. A queue found without one is looked at for
+        a heartbeat interval first, as `voxmill submit` does (records return that soon after a
+        Redis restart)."""
+        if queue in self._required:
+            return
+        confirm_s = self.settings.heartbeat_interval_s + tuning.CONSUMER_CONFIRM_MARGIN_S
+        absent: dict[str, tuple[float, float]] = {}
+        while True:
+            view = WorkerView.from_records(read_worker_records(client))
+            absent, gone = consumers_gone([queue, *run_queues], view, absent, time.monotonic(), confirm_s)
+            if queue not in absent:
+                self._required.add(queue)
+                return
+            if queue in gone:
+                again = "this run's shards go there; run the same command again once one is up (it resumes)"
+                raise NoRunConsumer(gone, f"{no_consumer_message(gone)}; {again}")
+            time.sleep(tuning.RESULT_POLL_S)
+
+    def check(self, client: redis.Redis, queues: Collection[str] = ()) -> None:
+        """`NoRunConsumer` when no live worker has consumed one of `queues` (where the shards in
+        flight wait) for `consumer_grace_s`. Workers may come and go within it: late shards are
+        submitted again."""
+        grace_s = self.settings.consumer_grace_s
+        now = time.monotonic()
+        if now - self._looked_at < min(tuning.CONSUMERS_LOOK_S, grace_s / 2):
+            return
+        self._looked_at = now
+        view = WorkerView.from_records(read_worker_records(client))
+        self._absent, gone = consumers_gone(queues, view, self._absent, now, grace_s)
+        if gone:
+            said = "; ".join(
+                f"no live worker has consumed the {q} queue for {grace_s:g} s (consumer_grace_s), and "
+                f"this run's shards wait there: start one with {start_command(q)}"
+                for q in gone
+            )
+            raise NoRunConsumer(gone, f"{said}; then run the same command again (it resumes)")
 
     def stop(self, completed: bool = False) -> None:
         """Nothing of the run's own to stop."""
@@ -129,7 +183,10 @@ class EmbeddedCluster:
     def ready_workers(self, client: redis.Redis) -> int:
         return self.workers.concurrency if self._ready else self.workers.ready_count(client)
 
-    def check(self, client: redis.Redis) -> None:
+    def require_consumer(self, client: redis.Redis, queue: str, run_queues: Sequence[str] = ()) -> None:
+        """Its own workers consume every queue of the run (`check` watches them)."""
+
+    def check(self, client: redis.Redis, queues: Collection[str] = ()) -> None:
         """`RunError` if the local workers exited, or have not loaded their models in time."""
         timeout_s = self.settings.local_ready_timeout_s
         try:

@@ -33,7 +33,8 @@ once its file is written: progress counts tars until then.
 The driver owns its loop: every round it asks its cluster whether the work can go on
 (`Cluster.check`) and how many workers are ready (the window of shards in flight), and takes the
 next shards of the plan as the planner writes them. It keeps state for the shards in flight
-only; the shards done before it started are the names in `DIR/shards/`, read once.
+only; the shards done before it started are the names in `DIR/shards/`, read once (in a local
+folder each one's file is read too, for the audio and failures the progress counts).
 """
 
 from __future__ import annotations
@@ -51,14 +52,14 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from pipeline.errors import INTERNAL, OUTPUT_ERROR, STORE_ERROR, VoxmillError
+from pipeline.errors import FORBIDDEN_PATH, INTERNAL, OUTPUT_ERROR, STORE_ERROR, ErrorRecord, VoxmillError
 from pipeline.outputs.folder import RunFolder
-from pipeline.outputs.writers import shard_counts, write_given_up_shard
+from pipeline.outputs.writers import shard_tally, write_given_up_shard
 from pipeline.records import ShardResult, ShardSpec
 from pipeline.settings import Settings
 from pipeline.storage.locations import OutputLocation
 from workers import keys, tuning
-from workers.corpus.cluster import Cluster
+from workers.corpus.cluster import Cluster, RemoteCluster
 from workers.corpus.hooks import Counts, RunHooks, RunRound
 from workers.corpus.plan import Planner, PlanReader, RunError
 from workers.heartbeat import read_worker_records
@@ -78,7 +79,7 @@ class InFlight:
     attempts: int = 1
     task_ids: list[str] = field(default_factory=list)
     seen_running: float | None = None
-    failure: dict[str, str] | None = None
+    failure: ErrorRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,19 @@ class Ledger:
     def scan_finished(self) -> None:
         """The shard files already there (a resumed run): one listing of the folder."""
         self.done_before = self.out_dir.shard_files()
+
+    def earlier_tally(self, spec: ShardSpec) -> tuple[int, int, float] | None:
+        """(ok, failed, audio seconds) of a shard an earlier run did, from its file (or its given-up
+        file); None in an object store, where a resume would pay a request per shard for it, or
+        when the file cannot be read (the merge says so)."""
+        if not self.out.is_local:
+            return None
+        given_up = self.out_dir.given_up_file(spec.op, spec.shard)
+        name = given_up if given_up in self.done_before else self.out_dir.shard_file(spec.op, spec.shard)
+        try:
+            return shard_tally(self.out_dir.ref(name))
+        except VoxmillError:
+            return None
 
     def done_earlier(self, spec: ShardSpec) -> bool:
         """Whether an earlier run wrote the shard's file, or gave the shard up."""
@@ -197,13 +211,29 @@ def given_up_reason(item: InFlight) -> tuple[str, str]:
     """(code, message) of the utterances of a shard given up: `output_error` when its tasks said
     its file could not be written, else `internal`; the attempts and the last failure heard of."""
     failure = item.failure
-    code = OUTPUT_ERROR if failure is not None and failure.get("code") == OUTPUT_ERROR else INTERNAL
+    code = OUTPUT_ERROR if failure is not None and failure.code == OUTPUT_ERROR else INTERNAL
     message = f"shard {item.spec.name} was given up after {item.attempts} attempt(s) without its file written"
     if failure is not None:
-        message += f"; last failure: {failure.get('code')}: {failure.get('message')}"
+        message += f"; last failure: {failure.code}: {failure.message}"
     else:
         message += " (each task ended without a result, or its worker was lost)"
     return code, message
+
+
+def run_ending_failure(result: ShardResult, remote: bool) -> str:
+    """What ends a run whose shard failed as every shard would (`result.error` is set). Workers on
+    a broker refusing the output folder is most often a shell where `voxmill up`'s export line was
+    run, with an --out outside the folder `up` was started in: said so."""
+    assert result.error is not None
+    message = f"shard {result.name} failed: {result.error.message}"
+    if remote and result.error.code == FORBIDDEN_PATH:
+        message += (
+            "; VOXMILL_BROKER_URL is set, so this run's shards go to the workers on that broker, and they "
+            "write only below their VOXMILL_ALLOWED_ROOTS (workers `voxmill up` started: below the folder "
+            "it was started in): give an --out there, or unset VOXMILL_BROKER_URL to run with workers of "
+            "this run's own"
+        )
+    return message
 
 
 def attempt_deadline_s(deadline_s: float, attempts: int) -> float:
@@ -277,13 +307,15 @@ class CorpusDriver:
         error = self.planner.progress().error
         if error is not None:
             raise error
-        self.cluster.check(self.redis)
+        # The queues shards wait in: a run stops when every consumer of one is gone for good.
+        self.cluster.check(self.redis, {item.spec.op for item in self.ledger.inflight.values()})
         self._collect(announced)
         window = self._window()
         while len(self.ledger.inflight) < window and (spec := self._peek()) is not None:
             if self.ledger.done_earlier(spec):
                 self._count_done(spec, None, resumed=True)
             else:
+                self.cluster.require_consumer(self.redis, spec.op, self.planner.progress().ops)
                 self._submit(spec)  # a broker outage raises here: the spec stays next
             self._consume()
         self._resubmit_late()
@@ -330,8 +362,8 @@ class CorpusDriver:
         want of its file is sent again (or given up); any other failure ends the run."""
         reported: dict[str, ShardResult] = {}
         for result in announced:
-            if result.error and result.error.get("code") not in SHARD_FAILURES:
-                raise RunError(f"shard {result.name} failed: {result.error.get('message')}")
+            if result.error and result.error.code not in SHARD_FAILURES:
+                raise RunError(run_ending_failure(result, isinstance(self.cluster, RemoteCluster)))
             if result.name not in reported or reported[result.name].error:  # a success tells more
                 reported[result.name] = result
         ledger = self.ledger
@@ -421,13 +453,20 @@ class CorpusDriver:
         counts.units_done += units
         if resumed:
             counts.units_resumed += units
+            earlier = self.ledger.earlier_tally(spec)
+            if earlier is None:
+                counts.resumed_uncounted += 1
+            else:  # its audio and failures, as the merge will count them
+                ok, failed, audio_s = earlier
+                counts.add_resumed(spec.op, failed, audio_s)
+                counts.tar_utterances += (ok + failed) if spec.tar else 0
             self.hooks.shard_resumed(spec)
             return
         self.ledger.done_now += 1
         file = file or self.ledger.file_of(spec)
-        if result is None:  # its announcement was lost: the file has the counts
-            ok, failed = shard_counts(file)
-            result = ShardResult(spec.shard, spec.op, "", ok, failed, spec.audio_s, 0.0)
+        if result is None:  # its announcement was not heard (yet): the file has the counts and audio
+            ok, failed, audio_s = shard_tally(file)
+            result = ShardResult(spec.shard, spec.op, "", ok, failed, audio_s, 0.0)
         if spec.tar:
             counts.tar_utterances += result.ok + result.failed
         counts.audio_done_s += result.audio_seconds

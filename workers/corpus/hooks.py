@@ -23,9 +23,12 @@ class Counts:
     """What a run has done so far: work units (utterance x op), audio seconds, failures per op.
 
     The totals are known once the listing has been read (the audio total only when the listing
-    gives durations); the audio done is what the workers measured in this run. Shards an earlier
-    run did count as done, not towards this run's speed. In a run of tar shards the units are
-    tars (their utterances are known once read: `tar_utterances` counts those done).
+    gives durations). The audio and failures done count what the merge will count: each shard's
+    rows that succeeded, from its task's announcement or, when that was not heard, its file.
+    Shards an earlier run did count as done, with their audio and failures when their files were
+    read (`resumed_uncounted`: how many were not, in an object store), never towards this run's
+    speed. In a run of tar shards the units are tars (their utterances are known once read:
+    `tar_utterances` counts those done).
     """
 
     n_ops: int
@@ -36,6 +39,8 @@ class Counts:
     units_done: int = 0
     units_resumed: int = 0
     audio_done_s: float = 0.0
+    audio_resumed_s: float = 0.0
+    resumed_uncounted: int = 0
     failed: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
@@ -44,25 +49,46 @@ class Counts:
         elapsed = time.monotonic() - self.started
         return (self.audio_done_s / max(self.n_ops, 1)) / elapsed if elapsed > 0 else 0.0
 
-    def line(self) -> str:
+    def add_resumed(self, op: str, failed: int, audio_s: float) -> None:
+        """A shard an earlier run did, as its file says (`failed` rows, `audio_s` of the rest)."""
+        self.audio_resumed_s += audio_s
+        self.failed[op] = self.failed.get(op, 0) + failed
+
+    def failed_by_op(self, asked: Sequence[str] = ()) -> dict[str, int]:
+        """Failures per op as the summary table counts them: an `extract` task's failed row is a
+        failure of each op asked (`asked`: the run's ops, when known)."""
+        stands_for = [op for op in asked if op != "extract"]
+        by_op: dict[str, int] = {}
+        for op, n in self.failed.items():
+            for each in stands_for if op == "extract" and stands_for else [op]:
+                by_op[each] = by_op.get(each, 0) + n
+        return by_op
+
+    def line(self, asked: Sequence[str] = ()) -> str:
         n_ops = max(self.n_ops, 1)
         total = "…" if self.units_total is None else str(self.units_total // n_ops)
         parts = [f"{self.units_done // n_ops}/{total} {self.unit}"]
         if self.unit == "tars":
             parts[0] += f" ({self.tar_utterances // n_ops} utterances)"
-        if self.audio_done_s > 0:
-            audio = audio_amount(self.audio_done_s / n_ops)
-            of = f" of {audio_amount(self.audio_total_s)}" if self.audio_total_s else ""
-            parts += [f"{audio}{of} audio", f"{self.rtf():.1f}x real time"]
+        if self.resumed_uncounted:  # an earlier run's audio is not known: this run's, said so
+            audio_s, label = self.audio_done_s / n_ops, "audio in this run"
+        else:
+            audio_s = (self.audio_done_s + self.audio_resumed_s) / n_ops
+            label = f"of {audio_amount(self.audio_total_s)} audio" if self.audio_total_s else "audio"
+        if audio_s > 0:
+            parts.append(f"{audio_amount(audio_s)} {label}")
+            if self.audio_done_s > 0:
+                parts.append(f"{self.rtf():.1f}x real time")
         elif self.audio_total_s:
             parts.append(f"{audio_amount(self.audio_total_s)} audio")
-        failed = ", ".join(f"{n} {op}" for op, n in self.failed.items() if n)
-        if self.units_resumed and self.units_resumed == self.units_done and not failed:
+        failed = ", ".join(f"{n} {op}" for op, n in self.failed_by_op(asked).items() if n)
+        if self.units_resumed and self.units_resumed == self.units_done:
             parts.append("all done by an earlier run")
+            if failed:
+                parts.append(f"failed: {failed}")
         else:
             parts.append(f"failed: {failed}" if failed else "none failed")
         return ", ".join(parts)
-
 
     def snapshot(self) -> Counts:
         """A copy that later counting does not change."""

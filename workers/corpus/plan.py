@@ -83,10 +83,11 @@ MAX_SHARD_SIZE = 4096
 
 
 class RunError(VoxmillError):
-    """The run cannot go on (bad input, output not writable, a different run in the folder)."""
+    """The run cannot go on (bad input, output not writable, a different run in the folder);
+    `code`: a more telling one of the catalogue's (`no_consumer`), else `run_error`."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(RUN_ERROR, message)
+    def __init__(self, message: str, code: str = RUN_ERROR) -> None:
+        super().__init__(code, message)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ class ProgressView(RunHooks):
 
     def __init__(self, n_ops: int, quiet: bool = False, console: Console | None = None) -> None:
         self.counts = Counts(n_ops=n_ops)
+        self.asked: tuple[str, ...] = ()  # the run's ops, once its plan says: what extract tasks do
         self.quiet = quiet
         self.console = console or Console(stderr=True)
         self.live = not quiet and self.console.is_terminal
@@ -42,6 +43,8 @@ class ProgressView(RunHooks):
 
     def round_ended(self, now: RunRound) -> None:
         self.counts = now.counts
+        if now.plan.header is not None:
+            self.asked = tuple(now.plan.header.ops)
         self.update()
 
     def update(self) -> None:
@@ -50,11 +53,11 @@ class ProgressView(RunHooks):
                 self._task,
                 total=self.counts.units_total,
                 completed=self.counts.units_done,
-                summary=self.counts.line(),
+                summary=self.counts.line(self.asked),
             )
         elif not self.quiet and time.monotonic() - self._last_line >= 5.0:
             self._last_line = time.monotonic()
-            print(f"extract: {self.counts.line()}", file=sys.stderr, flush=True)
+            print(f"extract: {self.counts.line(self.asked)}", file=sys.stderr, flush=True)
 
     def message(self, text: str) -> None:
         if self.quiet:
@@ -69,12 +72,15 @@ class ProgressView(RunHooks):
             self.update()
             self._progress.stop()
         elif not self.quiet:
-            print(f"extract: {self.counts.line()}", file=sys.stderr, flush=True)
+            print(f"extract: {self.counts.line(self.asked)}", file=sys.stderr, flush=True)
 
 
 def summary_table(report: dict[str, Any], out_dir: str) -> Table:
     """The final summary: per op ok/failed, audio, wall time, where the files are."""
-    table = Table(title=f"voxmill extract → {out_dir}")
+    filtered = (report.get("filters") or {}).get("filtered_utterances") or 0
+    # The progress line counts what the workers failed; the filters apply after, at the merge.
+    caption = f"failed includes {filtered} utterance(s) left out by the filters" if filtered else None
+    table = Table(title=f"voxmill extract → {out_dir}", caption=caption)
     table.add_column("op")
     table.add_column("ok", justify="right")
     table.add_column("failed", justify="right")
@@ -84,7 +90,11 @@ def summary_table(report: dict[str, Any], out_dir: str) -> Table:
 
 
 def summary_line(report: dict[str, Any]) -> str:
-    """Utterances, audio and wall time of a finished run."""
+    """Utterances, audio and wall time of a finished run (the extraction's, after a re-merge with
+    other filters, which is said apart)."""
     audio = audio_amount(report.get("audio_seconds", 0.0))
     wall_s = report.get("wall_seconds", 0.0)
-    return f"{report.get('utterances', 0)} utterances, {audio} of audio in {wall_s:.1f} s"
+    line = f"{report.get('utterances', 0)} utterances, {audio} of audio in {wall_s:.1f} s"
+    if "remerge_wall_seconds" in report:
+        line += f"; filters applied anew in {report['remerge_wall_seconds']:.1f} s (nothing extracted)"
+    return line

@@ -1,15 +1,18 @@
-"""`voxmill report OUT --html FILE`: one self-contained page about a finished run.
+"""`voxmill report OUT [--html FILE]`: what a finished run did, as text or one self-contained page.
 
 `render_html(ReportData)` draws from plain data (no files): histograms of duration and speech
-ratio, utterances per speaker, failures by code, audio done over the run's time, the models and
-a summary. The charts are inline SVG written here; the page loads nothing (no script, font or
-style from elsewhere), so it opens the same offline, from a mail attachment or a CI artefact.
-Its one inline script only stamps each chart's laid-out box (`data-box="x,y,w,h"`) on it, for
-the test that screenshots the page.
+ratio, utterances per speaker (the failed ones in red, so a speaker whose every clip failed has
+its bar), failures by code, the first failures with their reason and a link to `errors.jsonl`,
+audio done over the run's time, the models and a summary. The charts are inline SVG written
+here; the page loads nothing (no script, font or style from elsewhere), so it opens the same
+offline, from a mail attachment or a CI artefact. Its one inline script only stamps each chart's
+laid-out box (`data-box="x,y,w,h"`) on it, for the test that screenshots the page.
+`render_text(ReportData)` says the same in lines for a terminal (no charts).
 
 `load_report_data(out_dir)` reads that data from an output folder: `report.json`,
-`errors.jsonl`, `utt_embeddings.parquet`, and the shard files (`shards/*.parquet`: the stats
-columns, and each file's time and audio seconds for the throughput curve).
+`errors.jsonl`, `utt_stats.parquet` (every utterance's speaker), and the shard files
+(`shards/*.parquet`: the stats columns, and each file's time and audio seconds for the
+throughput curve).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from pipeline.outputs.folder import RunFolder
 
@@ -32,22 +36,32 @@ AXIS = "#555555"
 GRID = "#e4e4e4"
 MAX_BARS = 30  # speakers and codes beyond this are summed into one "N more" bar
 HISTOGRAM_BINS = 24
+FIRST_FAILURES = 10  # failures listed on the page and in the text, with a link to all of them
+FAILURE_FIELDS = ("utt", "op", "code", "message")
 
 
 @dataclass
 class ReportData:
     """Everything the page shows, as plain values.
 
+    `utts_per_speaker`: every utterance, `failed_per_speaker` those with a failure (or left
+    out by a filter) in `errors.jsonl`; `first_failures`: its first lines (`utt`, `op`, `code`,
+    `message`), of `failure_rows` in all, at `errors_href` (relative to the page).
     `progress`: per op, (seconds since the run started, audio seconds that op finished by then),
     in time order.
-    `summary`: report.json's counts (`utterances`, `audio_seconds`, `wall_seconds`, `ops`).
+    `summary`: report.json's counts (`utterances`, `audio_seconds`, `wall_seconds`, `ops`,
+    `remerge_wall_seconds` after a re-merge with other filters).
     """
 
     title: str = "voxmill run"
     durations_s: list[float] = field(default_factory=list)
     speech_ratios: list[float] = field(default_factory=list)
     utts_per_speaker: dict[str, int] = field(default_factory=dict)
+    failed_per_speaker: dict[str, int] = field(default_factory=dict)
     failures_by_code: dict[str, int] = field(default_factory=dict)
+    first_failures: list[dict[str, str]] = field(default_factory=list)
+    failure_rows: int = 0
+    errors_href: str = RunFolder.ERRORS
     progress: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     models: dict[str, dict[str, str]] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -126,17 +140,28 @@ def _x_ticks(low: float, span: float) -> list[str]:
     ]
 
 
-def _bars(bars: list[tuple[str, int]], top: float, color: str, fill: float) -> list[str]:
-    """One bar per (tooltip, count), side by side across the plot, each `fill` of its slot wide."""
+def _bars(
+    bars: list[tuple[str, int]],
+    top: float,
+    color: str,
+    fill: float,
+    below: list[int] | None = None,
+    kind: str = "bar",
+) -> list[str]:
+    """One bar per (tooltip, count), side by side across the plot, each `fill` of its slot wide;
+    with `below`, each bar stands on that many (a stacked part). Empty bars are left out."""
     plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT
     plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
     width = plot_w / len(bars)
     out = []
     for index, (tip, count) in enumerate(bars):
+        if below is not None and count == 0:
+            continue
         h = plot_h * count / top
+        base = MARGIN_TOP + plot_h - (plot_h * below[index] / top if below is not None else 0.0)
         x = MARGIN_LEFT + index * width + width * (1 - fill) / 2
         out.append(
-            f'<rect class="bar" x="{x:.1f}" y="{MARGIN_TOP + plot_h - h:.1f}" '
+            f'<rect class="{kind}" x="{x:.1f}" y="{base - h:.1f}" '
             f'width="{max(width * fill, 1):.1f}" height="{h:.1f}" fill="{color}">'
             f"<title>{_esc(tip)}: {count}</title></rect>"
         )
@@ -160,16 +185,43 @@ def histogram(
     return _frame(chart_id, title, body, top, "utterances", x_label)
 
 
-def bar_chart(chart_id: str, title: str, counts: dict[str, int], x_label: str, color: str = BAR) -> str:
-    """One bar per label (largest first; beyond `MAX_BARS`, one bar for the rest), labels when few."""
+def bar_chart(
+    chart_id: str,
+    title: str,
+    counts: dict[str, int],
+    x_label: str,
+    color: str = BAR,
+    failed: dict[str, int] | None = None,
+) -> str:
+    """One bar per label (largest first; beyond `MAX_BARS`, one bar for the rest), labels when few.
+
+    `failed`: how many of each label's count failed, drawn in `BAR_FAILED` on top of the rest.
+    """
     if not counts:
         return _empty(chart_id, title, "none in this run")
+    failed = failed or {}
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    bad = [failed.get(label, 0) for label, _ in ranked]
     if len(ranked) > MAX_BARS:
         rest = ranked[MAX_BARS - 1 :]
         ranked = [*ranked[: MAX_BARS - 1], (f"{len(rest)} more", sum(n for _, n in rest))]
+        bad = [*bad[: MAX_BARS - 1], sum(bad[MAX_BARS - 1 :])]
     top = _nice_max(max(n for _, n in ranked))
-    body = _bars(ranked, top, color, 0.8)
+    ok = " ok" if any(bad) else ""
+    body = _bars([(label + ok, n - b) for (label, n), b in zip(ranked, bad, strict=True)], top, color, 0.8)
+    if any(bad):  # each failed part stands on its label's bar
+        body += _bars(
+            [(f"{label} failed", b) for (label, _), b in zip(ranked, bad, strict=True)],
+            top,
+            BAR_FAILED,
+            0.8,
+            below=[n - b for (_, n), b in zip(ranked, bad, strict=True)],
+            kind="bar failed",
+        )
+        body.append(  # the legend, beside the title: above the plot, never over a bar
+            f'<rect x="{WIDTH - MARGIN_RIGHT - 60}" y="11" width="12" height="10" '
+            f'fill="{BAR_FAILED}"/><text x="{WIDTH - MARGIN_RIGHT - 44}" y="20" class="label">failed</text>'
+        )
     slot = (WIDTH - MARGIN_LEFT - MARGIN_RIGHT) / len(ranked)
     if len(ranked) <= 12:
         for index, (label, _) in enumerate(ranked):
@@ -236,18 +288,26 @@ for (const chart of document.querySelectorAll("svg.chart")) {
 """
 
 
-def _summary_table(data: ReportData) -> str:
+def summary_rows(data: ReportData) -> list[tuple[str, str]]:
+    """(what, value) of a run's summary: counts, audio, the extraction's wall time and speed."""
     summary = data.summary
     audio = float(summary.get("audio_seconds") or 0.0)
     wall = float(summary.get("wall_seconds") or 0.0)
     rows = [
-        ("utterances", summary.get("utterances", len(data.durations_s))),
+        ("utterances", str(summary.get("utterances", len(data.durations_s)))),
         ("audio", f"{audio / 3600:.2f} h ({audio:.1f} s)"),
         ("wall time", f"{wall:.1f} s"),
         ("speed", f"{audio / wall:.1f}x real time" if wall > 0 else "n/a"),
     ]
+    if summary.get("remerge_wall_seconds") is not None:  # the wall time and speed above: the extraction's
+        rows.append(("filters applied anew", f"in {float(summary['remerge_wall_seconds']):.1f} s"))
     for op, counts in sorted((summary.get("ops") or {}).items()):
         rows.append((f"op {op}", f"{counts.get('ok', 0)} ok, {counts.get('failed', 0)} failed"))
+    return rows
+
+
+def _summary_table(data: ReportData) -> str:
+    rows = summary_rows(data)
     cells = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
     models = "".join(
         f"<tr><td>{_esc(role)}</td><td>{_esc(ref.get('file', ''))}</td>"
@@ -276,7 +336,13 @@ def render_html(data: ReportData) -> str:
             1.0,
             20,
         ),
-        bar_chart("speakers", "Utterances per speaker", data.utts_per_speaker, "speaker"),
+        bar_chart(
+            "speakers",
+            "Utterances per speaker",
+            data.utts_per_speaker,
+            "speaker",
+            failed=data.failed_per_speaker,
+        ),
         bar_chart("failures", "Failures by code", data.failures_by_code, "error code", BAR_FAILED),
         line_chart("throughput", "Audio done over the run, per op", data.progress, "wall seconds", "audio s"),
     ]
@@ -285,8 +351,65 @@ def render_html(data: ReportData) -> str:
         f"<title>{_esc(data.title)}</title><style>{STYLE}</style></head><body>\n"
         f"<h1>{_esc(data.title)}</h1>\n{_summary_table(data)}\n"
         f'<div class="charts">\n' + "\n".join(charts) + "\n</div>\n"
+        f"{_failures_table(data)}\n"
         f"<script>{BOX_SCRIPT}</script>\n</body></html>\n"
     )
+
+
+def _failures_table(data: ReportData) -> str:
+    """The first failures (utterance, op, code, why) and a link to all of them."""
+    link = f'<a href="{_esc(data.errors_href)}">errors.jsonl</a>'
+    if not data.first_failures:
+        return f'<h2>Failures</h2><p id="failures-list">none: {link} is empty</p>'
+    rows = "".join(
+        f"<tr><td>{_esc(f.get('utt', ''))}</td><td>{_esc(f.get('op', ''))}</td>"
+        f"<td><code>{_esc(f.get('code', ''))}</code></td><td>{_esc(f.get('message', ''))}</td></tr>"
+        for f in data.first_failures
+    )
+    return (
+        f"<h2>Failures</h2><p>{_failures_heading(data, link)}:</p>"
+        f'<table id="failures-list"><tr><th>utterance</th><th>op</th><th>code</th><th>why</th></tr>'
+        f"{rows}</table>"
+    )
+
+
+def _failures_heading(data: ReportData, where: str) -> str:
+    """How many failure rows there are, where all of them are, and how many follow."""
+    shown = len(data.first_failures)
+    if shown < data.failure_rows:
+        return f"{data.failure_rows} failure(s) (utterance and op) in {where}; the first {shown}"
+    return f"{data.failure_rows} failure(s) (utterance and op), from {where}"
+
+
+def render_text(data: ReportData, errors_path: str = RunFolder.ERRORS) -> str:
+    """The run's summary for a terminal: what the page says, without its charts."""
+    lines = [data.title]
+    lines += [f"  {what:<22}{value}" for what, value in summary_rows(data)]
+    for role, ref in sorted(data.models.items()):
+        sha256 = str(ref.get("sha256", ""))[:12]
+        lines.append(f"  {'model ' + role:<22}{ref.get('file', '')} (sha256 {sha256}…)")
+    if data.durations_s:
+        ordered = sorted(data.durations_s)
+        median = ordered[len(ordered) // 2]
+        lines.append(f"  {'duration':<22}{ordered[0]:.2f}-{ordered[-1]:.2f} s, median {median:.2f} s")
+    speakers = len(data.utts_per_speaker)
+    failed = data.failed_per_speaker
+    all_failed = sorted(s for s, n in data.utts_per_speaker.items() if n and failed.get(s) == n)
+    said = f"{speakers}" + (f"; every utterance failed for {', '.join(all_failed)}" if all_failed else "")
+    lines.append(f"  {'speakers':<22}{said}")
+    if not data.first_failures:
+        lines.append(f"  {'failures':<22}none ({errors_path} is empty)")
+        return "\n".join(lines)
+    by_code = sorted(data.failures_by_code.items(), key=lambda kv: (-kv[1], kv[0]))
+    codes = ", ".join(f"{code} {n}" for code, n in by_code)
+    lines.append(f"  {'failed utterances':<22}{sum(data.failures_by_code.values())} by code: {codes}")
+    lines.append(_failures_heading(data, errors_path) + ":")
+    for failure in data.first_failures:
+        lines.append(
+            f"  {failure.get('utt', '')}  {failure.get('op', '')}  {failure.get('code', '')}: "
+            f"{failure.get('message', '')}"
+        )
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- reading a run
@@ -296,26 +419,27 @@ def load_report_data(out_dir: Path) -> ReportData:
     """The page's data from an output folder (module docstring); missing files leave parts empty."""
     out_dir = Path(out_dir)
     report = _read_json(out_dir / RunFolder.REPORT)
+    keys = ("utterances", "audio_seconds", "wall_seconds", "ops", "remerge_wall_seconds")
     data = ReportData(
         title=f"voxmill run: {out_dir.resolve().name}",
         models=dict(report.get("models") or {}),
-        summary={k: report.get(k) for k in ("utterances", "audio_seconds", "wall_seconds", "ops")},
+        summary={k: report.get(k) for k in keys},
     )
-    data.failures_by_code = _failures_by_code(out_dir / RunFolder.ERRORS)
+    failed_utts = _read_failures(out_dir / RunFolder.ERRORS, data)
     stats, speakers, done = _read_shards(sorted((out_dir / RunFolder.SHARDS).glob("*.parquet")))
     data.durations_s = [d for d, _ in stats.values() if d is not None]
     data.speech_ratios = [r for _, r in stats.values() if r is not None]
-    embeddings = out_dir / RunFolder.UTT_EMBEDDINGS
-    if embeddings.exists():
+    utt_stats = out_dir / RunFolder.UTT_STATS
+    if utt_stats.exists():  # every utterance of the run, failed ones too, with its speaker
         import pyarrow.parquet as pq
 
-        speakers = {}
-        for utt, spk in zip(
-            *(pq.read_table(embeddings, columns=["utt", "spk"]).to_pydict().values()), strict=True
-        ):
-            speakers[utt] = spk
-    for spk in speakers.values():
-        data.utts_per_speaker[spk or "(none)"] = data.utts_per_speaker.get(spk or "(none)", 0) + 1
+        columns = pq.read_table(utt_stats, columns=["utt", "spk"]).to_pydict()
+        speakers = dict(zip(columns["utt"], columns["spk"], strict=True))
+    for utt, spk in speakers.items():
+        name = spk or "(none)"
+        data.utts_per_speaker[name] = data.utts_per_speaker.get(name, 0) + 1
+        if utt in failed_utts:
+            data.failed_per_speaker[name] = data.failed_per_speaker.get(name, 0) + 1
     data.progress = _progress(done, out_dir / RunFolder.REPORT, report)
     return data
 
@@ -328,21 +452,25 @@ def _read_json(path: Path) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
-def _failures_by_code(path: Path) -> dict[str, int]:
-    """Utterances per error code (an utterance failing in two ops with one code counts once)."""
+def _read_failures(path: Path, data: ReportData) -> set[str]:
+    """Fill `data`'s failures from errors.jsonl (utterances per code, an utterance failing in two
+    ops with one code counted once; its first rows; how many); the utterances that failed."""
     seen: set[tuple[str, str]] = set()
     try:
-        lines = path.read_text().splitlines()
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                seen.add((str(record.get("utt")), str(record.get("code"))))
+                data.failure_rows += 1
+                if len(data.first_failures) < FIRST_FAILURES:
+                    data.first_failures.append({k: str(record.get(k, "")) for k in FAILURE_FIELDS})
     except OSError:
-        return {}
-    for line in lines:
-        if line.strip():
-            record = json.loads(line)
-            seen.add((str(record.get("utt")), str(record.get("code"))))
-    counts: dict[str, int] = {}
+        return set()
     for _, code in seen:
-        counts[code] = counts.get(code, 0) + 1
-    return counts
+        data.failures_by_code[code] = data.failures_by_code.get(code, 0) + 1
+    return {utt for utt, _ in seen}
 
 
 def _read_shards(
@@ -403,8 +531,14 @@ def _progress(
 
 
 def write_report(out_dir: Path, html_file: Path) -> Path:
-    """`voxmill report OUT --html FILE`: load the run's data, render, write (atomically)."""
+    """`voxmill report OUT --html FILE`: load the run's data, render, write (atomically). The page
+    links to OUT/errors.jsonl relative to where it is written."""
+    import os
+
     from pipeline.outputs.writers import write_text
 
-    write_text(Path(html_file), render_html(load_report_data(Path(out_dir))))
+    data = load_report_data(Path(out_dir))
+    errors = Path(out_dir).resolve() / RunFolder.ERRORS
+    data.errors_href = quote(Path(os.path.relpath(errors, Path(html_file).resolve().parent)).as_posix())
+    write_text(Path(html_file), render_html(data))
     return Path(html_file)

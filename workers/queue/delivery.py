@@ -6,7 +6,9 @@ queues and the results, and asks these functions:
 - **Is there a consumer?** `WorkerView.serves(queue)`: some live worker process consumes the
   queue. A job for a queue nobody serves is refused (`NoConsumer`) once looks spanning a
   heartbeat interval found none (`absence`, `consumer_missing`): right after a Redis restart
-  the records are back within one heartbeat interval, so a gap that short refuses nothing.
+  the records are back within one heartbeat interval, so a gap that short refuses nothing. A
+  corpus run asks it of its queues (`consumers_gone`): so before its first shard of each, then,
+  while shards wait there, with a longer grace (`consumer_grace_s`: workers restart within it).
 - **Can a consumer serve it?** `WorkerView.unservable(op)`: every live consumer of the op's
   queue reports a model the op needs as unloadable (its `load_errors`); the job is answered at
   once with `model_error` and those reasons, not left to time out.
@@ -95,9 +97,13 @@ def queues_without_consumer(queue_depths: Mapping[str, int], workers: Iterable[W
     """The queues holding jobs that no live worker consumes (what `voxmill status` marks), in
     voxmill's queue order."""
     served = {queue for record in workers for queue in record.queues}
+    return in_queue_order(q for q, depth in queue_depths.items() if depth > 0 and q not in served)
+
+
+def in_queue_order(queues: Iterable[str]) -> list[str]:
+    """`queues` sorted as voxmill lists its queues (any other name after them, by name)."""
     order = {queue: index for index, queue in enumerate(QUEUES)}
-    waiting = [q for q, depth in queue_depths.items() if depth > 0 and q not in served]
-    return sorted(waiting, key=lambda q: (order.get(q, len(order)), q))
+    return sorted(queues, key=lambda q: (order.get(q, len(order)), q))
 
 
 def absence(previous: tuple[float, float] | None, now: float, confirm_s: float) -> tuple[float, float]:
@@ -112,6 +118,31 @@ def consumer_missing(absent: tuple[float, float] | None, confirm_s: float) -> bo
     """Whether a queue has no consumer for good: looks spanning at least `confirm_s` (a heartbeat
     interval and a margin: every live process rewrites its record that often) found none."""
     return absent is not None and absent[1] - absent[0] >= confirm_s
+
+
+def consumers_gone(
+    queues: Iterable[str],
+    view: WorkerView,
+    absent: Mapping[str, tuple[float, float]],
+    now: float,
+    grace_s: float,
+) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """One look at the consumers of `queues` (a corpus run's): the absences kept for the next look
+    (`absence`, for each queue found without a live consumer; a served queue's is dropped) and the
+    queues without one for `grace_s` (`consumer_missing`), in voxmill's queue order.
+
+    A run asks with `grace_s` a heartbeat interval before its first shard of a queue (as `submit`
+    does), and with `consumer_grace_s` later (workers restarting come back within it).
+    """
+    kept = {q: absence(absent.get(q), now, grace_s) for q in dict.fromkeys(queues) if not view.serves(q)}
+    return kept, in_queue_order(q for q, seen in kept.items() if consumer_missing(seen, grace_s))
+
+
+def no_consumer_message(queues: Sequence[str]) -> str:
+    """What a producer says of `queues` that no live worker consumes: each, and the command that
+    starts a worker for it."""
+    said = [f"no live worker consumes the {q} queue: start one with {start_command(q)}" for q in queues]
+    return "; ".join(said)
 
 
 def deadline_s(latencies_s: Sequence[float], minimum_s: float, factor: float) -> float:
