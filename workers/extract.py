@@ -12,7 +12,7 @@ are spawned (`tests/unit/test_imports.py`).
 `out_dir` (a `pipeline.outputs.folder.RunFolder`) may be in an object store (`s3://bucket/run/`):
 the plan, the shard objects and the merged outputs are written there, and what must stay local
 (the lock's flock, an embedded run's `workers.log`) is in `run_state_dir/<hash of the URL>/`
-(`RunFolder.local_state`; see `workers.corpus.plan.StoreLock`).
+(`RunFolder.local_state`; see `workers.corpus.lock.StoreLock`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from pipeline.errors import VoxmillError
 from pipeline.outputs.folder import RunFolder
 from pipeline.settings import Settings
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
-from workers.corpus.plan import Planner, PlanReader, RunError, lock_output, task_ops
+from workers.corpus.lock import lock_output
+from workers.corpus.plan import Planner, PlanReader, RunError, task_ops
 from workers.heartbeat import WorkerRecord, read_worker_records
 
 # What a report says of the extraction itself; a re-merge (other filters, nothing extracted) keeps them.

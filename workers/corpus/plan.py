@@ -29,29 +29,17 @@ A corpus of WebDataset tar shards is planned one shard per tar (the header's `un
 a tar's utterances are known only once a worker reads it, so its plan entry names the tar, and
 progress counts tars until their utterances are known.
 
-The output lock: a local folder is locked with `flock` on `DIR/.lock`. An object store has no
-flock: the run holds `flock` on a local state folder (`RunFolder.local_state` in `run_state_dir`,
-one per output URL: two runs on one machine) and a marker object `DIR/.lock.json` (host, pid, a
-token, refreshed every `LOCK_REFRESH_S`): a run finding another's marker fresher than
-`LOCK_STALE_S` (or of a live pid on this host) refuses to start. A store has no compare-and-swap
-here, so two runs started on two machines within the same second may both go on; their shards
-are idempotent, so the cost is duplicate work, not wrong outputs.
+The output folder's lock is `workers.corpus.lock`'s.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
-import secrets
-import socket
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pipeline.corpus.digest import listing_digest
 from pipeline.corpus.listing import CorpusError, CorpusListing
@@ -69,8 +57,6 @@ from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
 from pipeline.storage.locations import OutputLocation
 
-LOCK_REFRESH_S = 20.0
-LOCK_STALE_S = 90.0  # a marker not refreshed for this long belongs to a run that is gone
 UNIT_TAR = "tar"
 UNIT_UTTERANCE = "utterance"
 PLAN_VERSION = 2
@@ -147,132 +133,6 @@ def task_ops(ops: Sequence[str], workers_serve_extract: bool) -> list[str]:
     clip decoded once, not twice) when every worker that would take them serves `extract`."""
     both = sorted(ops) == ["embed", "tokenize"]
     return ["extract"] if both and workers_serve_extract else list(ops)
-
-
-def lock_output(out_dir: RunFolder, state_dir: Path) -> IO[str] | StoreLock:
-    """Hold an exclusive lock on the output folder for the life of the run (`close()` frees it).
-    An object-store output is locked in its local state folder under `state_dir` and by a marker
-    object (module docstring)."""
-    lock = out_dir.lock_file(state_dir)
-    if not out_dir.is_local:
-        return StoreLock(out_dir, lock).acquire()
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    return _flock(lock, f"another `voxmill extract` is running on {out_dir.display()}")
-
-
-def _flock(path: Path, busy: str) -> IO[str]:
-    handle = open(path, "a+")  # noqa: SIM115 - held until the run ends
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise RunError(busy) from None
-    return handle
-
-
-class StoreLock:
-    """The lock of an object-store output: a local flock plus a marker object (module docstring)."""
-
-    def __init__(self, out_dir: RunFolder, lock_file: Path) -> None:
-        self.out_dir = out_dir
-        self.out = out_dir.location
-        self.lock_file = lock_file  # in the run's local state folder
-        self.token = secrets.token_hex(8)
-        self._local: IO[str] | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._refresh, name="voxmill-store-lock", daemon=True)
-
-    def _record(self) -> str:
-        return json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "token": self.token, "refreshed": time.time()}
-        )
-
-    def acquire(self) -> StoreLock:
-        state = self.lock_file.parent
-        try:
-            state.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            reason = exc.strerror or exc
-            raise RunError(f"cannot use the run's local state folder {state}: {reason}") from None
-        target = self.out_dir.display()
-        busy = f"another `voxmill extract` on this machine writes {target}"
-        self._local = _flock(self.lock_file, busy)
-        try:
-            self._check_marker()
-            from pipeline.outputs.writers import write_text_at
-
-            write_text_at(self.out, RunFolder.STORE_LOCK, self._record())
-            time.sleep(0.2)  # a racing run that wrote after us wins: look once more
-            self._check_marker()
-        except VoxmillError as exc:
-            self.close()
-            raise RunError(f"cannot lock the output {target}: {exc.message}") from None
-        except RunError:
-            self.close()
-            raise
-        self._thread.start()
-        return self
-
-    def _check_marker(self) -> None:
-        if not self.out.exists(RunFolder.STORE_LOCK):
-            return
-        try:
-            marker = json.loads(self.out.read_bytes(RunFolder.STORE_LOCK))
-        except ValueError:
-            return  # not ours to read: written half by hand, or by an older voxmill
-        if marker.get("token") == self.token:
-            return
-        if marker_is_live(marker, socket.gethostname(), time.time()):
-            age = time.time() - float(marker.get("refreshed", 0))
-            raise RunError(
-                f"another `voxmill extract` (host {marker.get('host')}, pid {marker.get('pid')}) holds "
-                f"{self.out_dir.display(RunFolder.STORE_LOCK)}, refreshed {age:.0f} s ago; if that run is "
-                f"gone, delete the object or wait {LOCK_STALE_S:.0f} s"
-            )
-
-    def _refresh(self) -> None:
-        from pipeline.outputs.writers import write_text_at
-
-        while not self._stop.wait(LOCK_REFRESH_S):
-            try:
-                write_text_at(self.out, RunFolder.STORE_LOCK, self._record())
-            except VoxmillError:
-                continue  # the next refresh may succeed; a stale marker only lets another run in
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        try:
-            if self._local is not None and self.out.exists(RunFolder.STORE_LOCK):
-                marker = json.loads(self.out.read_bytes(RunFolder.STORE_LOCK))
-                if marker.get("token") == self.token:
-                    self.out.delete(RunFolder.STORE_LOCK)
-        except (VoxmillError, ValueError):
-            pass  # left behind: stale after LOCK_STALE_S
-        if self._local is not None:
-            self._local.close()
-            self._local = None
-
-
-def marker_is_live(marker: dict[str, Any], host: str, now: float) -> bool:
-    """Whether a lock marker belongs to a run still going: refreshed within `LOCK_STALE_S`, and,
-    when written on this host, by a process that still exists."""
-    try:
-        refreshed = float(marker.get("refreshed", 0))
-        pid = int(marker.get("pid", 0))
-    except (TypeError, ValueError):
-        return False
-    if now - refreshed > LOCK_STALE_S:
-        return False
-    if marker.get("host") == host and pid > 0:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-    return True
 
 
 def run_id(out_dir: RunFolder, source: Source, ops: Sequence[str], shard_size: int) -> str:
