@@ -240,6 +240,18 @@ class Settings(BaseSettings):
         "A shard sent this many times without being written (its task failed, or it was late each "
         "time) is given up: its utterances are failures in errors.jsonl, the run goes on.",
     )
+    reads_in_flight: int = _f(
+        8,
+        "Objects (s3://, gs://, http(s)://) a shard task reads at once ahead of the model, in the order "
+        "it takes them (8: a store's 50 ms per request costs the tiny stand-ins 15 % of their rate, not "
+        "70 %; docs/operations.md). 1: none ahead, each clip read when the model wants it. Local files "
+        "are never read ahead.",
+    )
+    read_ahead_bytes: int = _f(
+        64 * 1024 * 1024,
+        "Most bytes of objects a shard task holds read ahead (64 MiB); one larger object is still read, "
+        "alone.",
+    )
     merge_buffer_rows: int = _f(
         65536,
         "Rows the merge gathers before writing them to an output file: its memory, whatever the corpus.",

@@ -4,7 +4,8 @@ A path must be a regular file (FIFOs and devices are refused from `os.stat`, nev
 blocking mode), not empty, and at most `max_file_bytes`; raw bytes at most `max_payload_bytes`; a
 URL (`s3://`, `gs://`, `http(s)://`, `pipeline.storage.objects`) is sized by one HEAD and refused
 the same way before a byte of it is read. A `ConfinedPath` is opened from its root without a
-window (`pipeline.storage.paths.open_confined`).
+window (`pipeline.storage.paths.open_confined`). A `Fetched` object (`prefetch_clips`: read ahead
+of the model, checked the same way) reads as its URL would have.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import io
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,14 +23,36 @@ import soundfile as sf
 
 from pipeline.errors import BAD_REQUEST, EMPTY, NOT_FOUND, TOO_LARGE, UNREADABLE, VoxmillError
 from pipeline.settings import AudioLimits
-from pipeline.storage.objects import fetch_checked
+from pipeline.storage.objects import Reserve, fetch_checked
 from pipeline.storage.paths import ConfinedPath, open_confined
+from pipeline.storage.prefetch import ReadAhead, prefetch
 from pipeline.storage.urls import is_url
 from pipeline.units import format_bytes
 
-# A ConfinedPath (a worker's job or utterance) is opened without a window (`pipeline.storage.paths`).
-Source = str | Path | bytes | ConfinedPath
 _PAYLOAD_NAME = "payload"
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """An object read ahead of its decode (`prefetch_clips`): its bytes, a stream of ranged reads
+    (an object too large to hold), or the error reading it gave, size-checked as a URL source is."""
+
+    url: str
+    content: bytes | BinaryIO | VoxmillError
+
+    def open(self) -> BinaryIO:
+        """A stream from the object's start (the same stream each time for a streamed object:
+        segments of one recording read it in turn); its error, raised, when it could not be read."""
+        if isinstance(self.content, VoxmillError):
+            raise VoxmillError(self.content.code, self.content.message)
+        if isinstance(self.content, bytes):
+            return io.BytesIO(self.content)
+        self.content.seek(0)
+        return self.content
+
+
+# A ConfinedPath (a worker's job or utterance) is opened without a window (`pipeline.storage.paths`).
+Source = str | Path | bytes | ConfinedPath | Fetched
 
 
 @dataclass
@@ -79,8 +102,11 @@ def _open_stream(source: Source, limits: AudioLimits) -> Iterator[Opened]:
         yield Opened(io.BytesIO(source), _PAYLOAD_NAME, None)
         return
     if isinstance(source, str) and is_url(source):
-        with _open_url(source, limits) as stream:
+        with fetch_url(source, limits) as stream:
             yield Opened(stream, source, None)
+        return
+    if isinstance(source, Fetched):  # the prefetch owns its stream
+        yield Opened(source.open(), source.url, None)
         return
     if isinstance(source, ConfinedPath):
         stream = _open_regular_file(source, limits)
@@ -95,9 +121,26 @@ def _open_stream(source: Source, limits: AudioLimits) -> Iterator[Opened]:
         yield Opened(stream, str(path), path)
 
 
-def _open_url(url: str, limits: AudioLimits) -> BinaryIO:
+def prefetch_clips(
+    urls: Sequence[str | None], limits: AudioLimits, read_ahead: ReadAhead
+) -> Generator[Fetched | None, None, None]:
+    """Per entry of `urls`, in order, the object read ahead (`pipeline.storage.prefetch`) as a
+    `Fetched` source, its error included; None for a None entry (a local file, read as before)."""
+
+    def fetch(url: str, reserve: Reserve) -> Fetched:
+        try:
+            stream = fetch_url(url, limits, reserve)
+        except VoxmillError as exc:
+            return Fetched(url, exc)
+        # An object held in memory gives its bytes (BytesIO shares them, no copy).
+        return Fetched(url, stream.getvalue() if isinstance(stream, io.BytesIO) else stream)
+
+    return prefetch(urls, fetch, read_ahead)
+
+
+def fetch_url(url: str, limits: AudioLimits, reserve: Reserve | None = None) -> BinaryIO:
     """A stream over an object whose size is checked like a file's before its bytes are read."""
-    size, stream = fetch_checked(url, limits.max_file_bytes)
+    size, stream = fetch_checked(url, limits.max_file_bytes, reserve)
     if size == 0:
         raise VoxmillError(EMPTY, f"{url} is empty (0 bytes)")
     if stream is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +68,9 @@ TRANSIENT_NAMES = frozenset(
 
 
 T = TypeVar("T")
+# Told an object's size before its bytes are read into memory: a reader that bounds what it holds
+# (`pipeline.storage.prefetch`) waits there.
+Reserve = Callable[[int], None]
 
 
 # --------------------------------------------------------------------------- errors and retries
@@ -145,6 +149,7 @@ def with_retries(
 
 
 _FILESYSTEMS: dict[tuple[int, str], Any] = {}
+_FILESYSTEMS_LOCK = threading.Lock()
 
 
 def filesystem(scheme: str) -> Any:
@@ -152,10 +157,16 @@ def filesystem(scheme: str) -> Any:
 
     Listings are never cached: the driver asks again and again whether a shard object exists.
     Keyed by process id: a forked worker makes its own (fsspec's event loop is per process).
+    Made under a lock with its client session, since reads in flight call it from several threads.
     """
     key = (os.getpid(), scheme)
     fs = _FILESYSTEMS.get(key)
-    if fs is None:
+    if fs is not None:
+        return fs
+    with _FILESYSTEMS_LOCK:
+        fs = _FILESYSTEMS.get(key)
+        if fs is not None:
+            return fs
         import fsspec
 
         protocol = {"gs": "gcs"}.get(scheme, scheme)
@@ -168,8 +179,13 @@ def filesystem(scheme: str) -> Any:
             options["allow_redirects"] = False
             options["client_kwargs"] = {"raise_for_status": refuse_redirects}
         fs = fsspec.filesystem(protocol, **options)
+        if protocol in ("s3", "http", "https"):
+            # Made lazily by the first request otherwise, and twice by two concurrent first requests.
+            from fsspec.asyn import sync
+
+            sync(fs.loop, fs.set_session)
         _FILESYSTEMS[key] = fs
-    return fs
+        return fs
 
 
 async def refuse_redirects(response: Any) -> None:
@@ -227,21 +243,26 @@ def _s3_head(fs: Any, url: StoreUrl) -> dict[str, Any]:
     return head
 
 
-def fetch_checked(url: str, max_bytes: int) -> tuple[int, BinaryIO | None]:
+def fetch_checked(url: str, max_bytes: int, reserve: Reserve | None = None) -> tuple[int, BinaryIO | None]:
     """(size, a seekable stream) of an object whose size is checked before its bytes are read;
     the stream is None when the object is empty or over `max_bytes` (the caller says which).
 
     S3: one GET, its body read only after its Content-Length was checked (HEAD + GET would be two
     requests per clip, and s3fs's whole-object read is HEAD + GET itself); an object too big to
     hold in memory is streamed with ranged GETs instead. Other stores: a HEAD, then the read.
+    `reserve(size)` is called before an object's bytes are read into memory (not for a streamed one).
     """
     parsed = parse_url(url)
     if parsed.scheme != "s3":
         size = url_size(url)
-        return size, (open_url(url, size) if 0 < size <= max_bytes else None)
+        if not 0 < size <= max_bytes:
+            return size, None
+        if reserve is not None and size <= WHOLE_READ_BYTES:
+            reserve(size)
+        return size, open_url(url, size)
     import io
 
-    size, data = _s3_get(parsed, min(max_bytes, WHOLE_READ_BYTES))
+    size, data = _s3_get(parsed, min(max_bytes, WHOLE_READ_BYTES), reserve)
     if data is not None:
         return size, io.BytesIO(data)
     if 0 < size <= max_bytes:  # large: ranged reads
@@ -249,26 +270,52 @@ def fetch_checked(url: str, max_bytes: int) -> tuple[int, BinaryIO | None]:
     return size, None
 
 
-def _s3_get(url: StoreUrl, max_bytes: int | None) -> tuple[int, bytes | None]:
-    """(size, body) of one S3 GET; the body is left unread (None) when empty or over `max_bytes`."""
+def _s3_get(url: StoreUrl, max_bytes: int | None, reserve: Reserve | None = None) -> tuple[int, bytes | None]:
+    """(size, body) of one S3 GET; the body is left unread (None) when empty or over `max_bytes`.
+    `reserve(size)` is called in this thread, off fsspec's loop, between the answer and its body."""
     from fsspec.asyn import sync
 
     fs = filesystem("s3")
 
-    async def get() -> tuple[int, bytes | None]:
+    async def answer() -> tuple[int, Any]:
+        """The object's size and its unread body (None, and closed, when it will not be read)."""
         response = await fs._call_s3("get_object", Bucket=url.bucket, Key=url.key)
-        size = int(response["ContentLength"])
-        body = response["Body"]
+        size, body = int(response["ContentLength"]), response["Body"]
+        if size == 0 or (max_bytes is not None and size > max_bytes):
+            body.close()
+            return size, None
+        return size, body
+
+    async def read(body: Any) -> bytes:  # on the loop: aiohttp's response is not thread-safe
         try:
-            if size == 0 or (max_bytes is not None and size > max_bytes):
-                return size, None
             data: bytes = await body.read()
-            return size, data
+            return data
         finally:
             body.close()
 
-    result: tuple[int, bytes | None] = with_retries(lambda: sync(fs.loop, get), str(url), "cannot read")
-    return result
+    async def close(body: Any) -> None:
+        body.close()
+
+    async def whole() -> tuple[int, bytes | None]:  # one hand-off to the loop when nothing waits between
+        size, body = await answer()
+        return size, (None if body is None else await read(body))
+
+    def get() -> tuple[int, bytes | None]:
+        if reserve is None:
+            done: tuple[int, bytes | None] = sync(fs.loop, whole)
+            return done
+        size, body = sync(fs.loop, answer)
+        if body is None:
+            return size, None
+        try:
+            if reserve is not None:
+                reserve(size)
+        except BaseException:
+            sync(fs.loop, close, body)
+            raise
+        return size, sync(fs.loop, read, body)
+
+    return with_retries(get, str(url), "cannot read")
 
 
 def read_url(url: str) -> bytes:

@@ -8,7 +8,11 @@ server mode), with real worker processes, real ONNX files and real tar files.
   folder, their own model copy, allowed roots that hold no local path at all) extract a corpus
   listed as s3:// URLs into s3://, one host SIGKILLed mid-run; then the same audio as WebDataset
   tar shards in the bucket; both equal a local run of the same audio, every utterance once; a
-  second run on the bucket resumes as done. About 10 s on two cores.
+  second run on the bucket resumes as done. About 10 s on two cores;
+- reads in flight: a shard of objects read ahead (8 at once, a budget of two clips) gives what
+  the same shard read one clip at a time gives, failures in place (missing, empty, undecodable,
+  outside the prefixes, a local file among them), for whole objects and for segments; a reset
+  connection under a delaying proxy (`benchmarks.delay_proxy`) costs nothing but a retry.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from typing import Any
 
 import pytest
 
+from benchmarks.delay_proxy import DelayProxy
 from pipeline.audio.decode import load_audio
+from pipeline.audio.sources import prefetch_clips
 from pipeline.errors import NOT_FOUND, STORE_ERROR, TOO_LARGE, ErrorRecord, VoxmillError
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
@@ -38,6 +44,7 @@ from pipeline.outputs.writers import read_shard, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
 from pipeline.settings import AudioLimits, Settings
 from pipeline.storage import objects, urls
+from pipeline.storage.prefetch import ReadAhead
 from tests.conftest import make_settings
 from tests.helpers import make_audio_folder, read_outputs
 from workers.embedded import PROJECT_ROOT, free_port, worker_command
@@ -298,3 +305,98 @@ def test_two_hosts_sharing_only_redis_and_s3_one_killed_match_a_local_run(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(host.pid, signal.SIGKILL)
             host.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- reads in flight
+
+
+def test_reads_in_flight_survive_a_dropped_connection(
+    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = _bucket("dropped")
+    clips = {f"{bucket}/c{i}.wav": bytes([i]) * 3000 for i in range(6)}
+    for url, data in clips.items():
+        objects.filesystem("s3").pipe_file(urls.parse_url(url).fs_path, data)
+    with DelayProxy(int(s3_env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]), delay_ms=5) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        objects._FILESYSTEMS.clear()
+        proxy.drop(1)  # the first GET's connection is reset, unanswered
+        fetched = list(prefetch_clips(list(clips), AudioLimits(), ReadAhead(in_flight=3)))
+        assert proxy.dropped == 1
+    assert [f.open().read() for f in fetched if f is not None] == list(clips.values())
+
+
+def test_a_shard_read_ahead_equals_a_serial_read_with_errors_in_place(
+    s3_env: dict[str, str],
+    redis_url: str,
+    redis_client: Any,
+    tiny_models: Path,
+    tmp_path: Path,
+    start_worker: Any,
+) -> None:
+    bucket = _bucket("ahead")
+    corpus = make_audio_folder(tmp_path / "audio", count=9, min_s=0.5, max_s=1.5)
+    names = [f"spk{i % 3}/utt{i:04d}" for i in range(9)]
+    for name in names:
+        _upload(corpus / f"{name}.wav", f"{bucket}/audio/{name}.wav")
+    fs = objects.filesystem("s3")
+    fs.pipe_file("ahead/audio/empty.wav", b"")
+    fs.pipe_file("ahead/audio/noise.wav", b"not audio at all " * 200)
+    paths = [f"{bucket}/audio/{n}.wav" for n in names]
+    # Failures between the clips: a missing, an empty and an undecodable object, a URL outside the
+    # allowed prefixes, and a local file (read as always, among the objects read ahead).
+    odd = {
+        "x/missing": f"{bucket}/audio/missing.wav",
+        "x/empty": f"{bucket}/audio/empty.wav",
+        "x/noise": f"{bucket}/audio/noise.wav",
+        "x/elsewhere": "s3://elsewhere/audio/a.wav",
+        "x/local": str(corpus / f"{names[0]}.wav"),
+    }
+    listed = [(n, p) for n, p in zip(names, paths, strict=True)]
+    for at, item in zip((1, 3, 4, 6, 8), odd.items(), strict=True):
+        listed.insert(at, item)
+    manifest = tmp_path / "clips.jsonl"
+    manifest.write_text("".join(json.dumps({"utt": u, "spk": "s", "path": p}) + "\n" for u, p in listed))
+    # Segments: three ranges of each of two recordings (each recording fetched once per run of
+    # them), and a range of a recording that is not there.
+    kaldi = tmp_path / "kaldi"
+    kaldi.mkdir()
+    (kaldi / "wav.scp").write_text(f"r0 {paths[0]}\nr1 {paths[1]}\nr9 {bucket}/audio/missing.wav\n")
+    segments = [f"r{r}-{k} r{r} {k * 0.15:.2f} {(k + 1) * 0.15:.2f}" for r in (0, 1) for k in range(3)]
+    (kaldi / "segments").write_text("\n".join([*segments[:3], "r9-0 r9 0.00 0.30", *segments[3:]]) + "\n")
+
+    outputs: dict[tuple[str, int], dict[str, Any]] = {}
+    for in_flight, budget in ((1, 0), (8, 70_000)):  # 70 kB: about two clips held ahead
+        settings = make_settings(
+            redis_url,
+            tiny_models,
+            [tmp_path],
+            allowed_roots=(tmp_path, bucket),
+            reads_in_flight=in_flight,
+            read_ahead_bytes=budget,
+        )
+        workers = start_worker(settings, queues=("embed",))
+        for name, listing in (("clips", manifest), ("segments", kaldi)):
+            out = tmp_path / f"out-{name}-{in_flight}"
+            extract_corpus(settings, listing, RunFolder.of(out), ["embed"], 1, 8, quiet=True)
+            outputs[name, in_flight] = _comparable(read_outputs(out))
+        workers.stop()
+    assert outputs["clips", 8] == outputs["clips", 1]
+    assert outputs["segments", 8] == outputs["segments", 1]
+
+    clips = outputs["clips", 8]
+    embedded = [row["utt"] for row in clips["utt_embeddings.parquet"]]  # type: ignore[union-attr]
+    assert embedded == [u for u, _ in listed if u not in odd or u == "x/local"]
+    failures = {e["utt"]: e for e in map(json.loads, clips["errors.jsonl"])}
+    assert {utt: e["code"] for utt, e in failures.items()} == {
+        "x/missing": NOT_FOUND,
+        "x/empty": "empty",
+        "x/noise": "unreadable",
+        "x/elsewhere": "forbidden_path",
+    }
+    assert f"{bucket}/audio/missing.wav" in failures["x/missing"]["message"]
+    assert f"{bucket}/audio/noise.wav" in failures["x/noise"]["message"]
+    segmented = outputs["segments", 8]
+    rows = [row["utt"] for row in segmented["utt_embeddings.parquet"]]  # type: ignore[union-attr]
+    assert rows == [s.split()[0] for s in segments]
+    assert [json.loads(e)["utt"] for e in segmented["errors.jsonl"]] == ["r9-0"]

@@ -23,6 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,6 +33,7 @@ from celery import Celery, Task
 
 from pipeline import errors
 from pipeline.audio.decode import Segment
+from pipeline.audio.sources import Source, prefetch_clips
 from pipeline.errors import ErrorRecord, ModelUnavailable, VoxmillError
 from pipeline.inference import run_clip
 from pipeline.outputs.folder import RunFolder
@@ -46,6 +48,7 @@ from pipeline.records import (
     models_to_dict,
 )
 from pipeline.storage.paths import ConfinedPath, Roots, resolve_allowed
+from pipeline.storage.prefetch import ReadAhead
 from pipeline.storage.urls import MAX_TEXT_CHARS, check_length
 from workers import keys
 from workers.queue.app import SHARD_TASK, TASK_NAMES
@@ -204,7 +207,7 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
                 utts, results = _tar_results(process, spec, sessions)
             else:
                 utts = spec.utts
-                results = [_utterance(process, u, spec.op, sessions) for u in spec.utts]
+                results = _utterance_results(process, spec.op, utts, sessions)
             models = {role: s.ref for role, s in sessions.items()}
     except ModelUnavailable as exc:
         if task.request.retries >= process.settings.model_retries:
@@ -242,11 +245,37 @@ def _output(out_dir: str, process: WorkerProcess) -> RunFolder:
     return RunFolder.of(resolve_allowed(out_dir, process.roots, process.settings.allowed_url_roots))
 
 
-def _utterance(process: WorkerProcess, utt: Utterance, op: str, sessions: Any) -> TaskResult:
+def _utterance_results(
+    process: WorkerProcess, op: str, utts: Sequence[Utterance], sessions: Any
+) -> list[TaskResult]:
+    """Each utterance's result, in order; objects at URLs are read ahead of the model
+    (`reads_in_flight` at once, `read_ahead_bytes` held), local files as they always were."""
+    sources = [_allowed(process, u) for u in utts]
+    urls = [s if isinstance(s, str) else None for s in sources]  # an allowed str is a URL
+    settings = process.settings
+    if settings.reads_in_flight <= 1 or not any(urls):
+        return [_utterance(process, u, s, op, sessions) for u, s in zip(utts, sources, strict=True)]
+    ahead = ReadAhead(settings.reads_in_flight, settings.read_ahead_bytes)
+    with closing(prefetch_clips(urls, process.limits, ahead)) as fetched:
+        return [
+            _utterance(process, u, s if f is None else f, op, sessions)
+            for u, s, f in zip(utts, sources, fetched, strict=True)
+        ]
+
+
+def _allowed(process: WorkerProcess, utt: Utterance) -> Source | VoxmillError:
+    """What the utterance reads: its path confined to the roots or its URL to the URL prefixes."""
     try:
-        source = resolve_allowed(utt.path, process.roots, process.settings.allowed_url_roots)
+        return resolve_allowed(utt.path, process.roots, process.settings.allowed_url_roots)
     except VoxmillError as exc:
-        return TaskResult(input=utt.utt, op=op, error=exc.record())
+        return exc
+
+
+def _utterance(
+    process: WorkerProcess, utt: Utterance, source: Source | VoxmillError, op: str, sessions: Any
+) -> TaskResult:
+    if isinstance(source, VoxmillError):
+        return TaskResult(input=utt.utt, op=op, error=source.record())
     segment = Segment(utt.start_s or 0.0, utt.end_s, utt.channel) if utt.is_segment else None
     return run_clip(utt.utt, source, op, sessions, process.limits, process.speech, segment)
 
