@@ -157,21 +157,30 @@ def checked_embedding(session: ModelSession, output: npt.NDArray[Any]) -> FloatA
     return embedding
 
 
+def log_mel_windows(wave: FloatArray) -> list[FloatArray]:
+    """The tokenizer's inputs of a 16 kHz wave: its log-mel [128, T] cut into the 30 s windows.
+
+    `non_finite` when the log-mel holds a NaN or Inf. What `tokenize` and the batched path
+    (`pipeline.batching`) both run, so the two see the very same features.
+    """
+    log_mel = np.ascontiguousarray(whisper_log_mel(wave, n_mels=128))
+    require_finite_features(log_mel, "log-mel")
+    return [
+        np.ascontiguousarray(log_mel[:, start : start + WINDOW_FRAMES])
+        for start in window_starts(log_mel.shape[1])
+    ]
+
+
 def tokenize(session: ModelSession, wave: FloatArray, timings: Timings | None = None) -> list[int]:
     """Speech tokens of a 16 kHz float32 wave (any length; windows beyond 30 s).
 
     With `timings`, adds the features' time to `log_mel` and the model's to `tokenize`.
     """
     started = time.perf_counter()
-    log_mel = np.ascontiguousarray(whisper_log_mel(wave, n_mels=128))
-    require_finite_features(log_mel, "log-mel")
+    features = log_mel_windows(wave)
     if timings is not None:
         started = timings.add("log_mel", started)
-    n_frames = log_mel.shape[1]
-    windows = []
-    for start in window_starts(n_frames):
-        window = np.ascontiguousarray(log_mel[:, start : start + WINDOW_FRAMES])
-        windows.append(checked_tokens(session, session.run(tokenizer_inputs(window))[0]))
+    windows = [checked_tokens(session, session.run(tokenizer_inputs(window))[0]) for window in features]
     result = windows[0] if len(windows) == 1 else merge_windows(windows, session.token_rate_hz)
     if timings is not None:
         timings.add("tokenize", started)

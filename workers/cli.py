@@ -680,13 +680,13 @@ JSON_HELP = "One JSON object per model file, for scripts."
 
 @models_app.command("make-standin")
 def models_make_standin(
-    out_dir: Path = typer.Option(Path("models"), "--out", help="Folder to write the two ONNX files into."),
+    out_dir: Path = typer.Option(Path("models"), "--out", help="Folder to write the ONNX files into."),
     profile: str = typer.Option(
-        "tiny", "--profile", help="tiny (for tests, < 1 MB) or full (real dimensions, ~520 MB)."
+        "tiny", "--profile", help="tiny (for tests, < 1 MB) or full (real dimensions, ~1 GB)."
     ),
     seed: int = typer.Option(0, "--seed", help="Weights seed; the same seed writes byte-identical files."),
 ) -> None:
-    """Write stand-in speech_tokenizer_v2.onnx and campplus.onnx (real signatures, meaningless weights)."""
+    """Write stand-ins: speech_tokenizer_v2.onnx, its batch twin and campplus.onnx (meaningless weights)."""
     from pipeline.models.standin import PROFILES, make_standins
 
     if profile not in PROFILES:

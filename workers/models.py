@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from pipeline.batching import open_batch_session
 from pipeline.errors import VoxmillError
 from pipeline.inference import open_session
 from pipeline.models.engines import EngineBuild, installed_engine_status
@@ -18,7 +19,10 @@ from pipeline.settings import Settings
 
 
 def describe_folder(folder: Path, load: bool, settings: Settings | None = None) -> list[dict[str, Any]]:
-    """One row per model file the registry recognises in `folder` (and per role missing)."""
+    """One row per model file the registry recognises in `folder` (and per role missing).
+
+    A role's batch file (the twin of the file that serves it) gets a row of its own, `batch` true.
+    """
     registry = Registry.load()
     rows: list[dict[str, Any]] = []
     for role in registry.roles:
@@ -28,14 +32,22 @@ def describe_folder(folder: Path, load: bool, settings: Settings | None = None) 
             rows.append({"role": role, "file": None, "ok": False, "error": exc.to_dict()})
             continue
         rows.append(describe_file(registry, role, path, load, settings))
+        twin = registry.find_batch_model(role, folder)
+        if twin is not None:
+            rows.append(describe_file(registry, role, twin, load, settings, batch=True))
     return rows
 
 
 def describe_file(
-    registry: Registry, role: str, path: Path, load: bool, settings: Settings | None
+    registry: Registry, role: str, path: Path, load: bool, settings: Settings | None, batch: bool = False
 ) -> dict[str, Any]:
-    """Size, sha256, recognised variant, and (with `load`) load/warm-up results of one file."""
+    """Size, sha256, recognised variant, and (with `load`) load/warm-up results of one file.
+
+    A `batch` file is loaded as a batch tokenizer (`open_batch_session`): its batch axes checked too.
+    """
     row: dict[str, Any] = {"role": role, "file": path.name, "path": str(path), "size": path.stat().st_size}
+    if batch:
+        row["batch"] = True
     try:
         sha256 = hash_model_file(path)  # streamed: listing never holds a model in memory
         identified = registry.identify(role, path.name, sha256)
@@ -48,9 +60,13 @@ def describe_file(
         )
         if load:
             options = SessionOptions.from_settings(settings) if settings else SessionOptions()
-            session = open_session(path, role, options, registry)
-            row.update(session.describe())
-            session.close()
+            opened = (
+                open_batch_session(path, options, registry)
+                if batch
+                else open_session(path, role, options, registry)
+            )
+            row.update(opened.describe())
+            opened.close()
             row["engine"] = installed_engine_status(sha256, options.provider_options).to_dict()
     except VoxmillError as exc:
         row.update(ok=False, error=exc.to_dict())
@@ -68,7 +84,8 @@ def render_models(rows: list[dict[str, Any]], console: Console) -> None:
             continue
         size = f"{row['size'] / 1e6:.1f} MB" if row.get("size") is not None else ""
         status = "[green]ok[/green]" if row.get("ok") else "[red]failed[/red]"
-        console.print(f"{row['role']:9s}  {escape(row['file'])}  {size}  {status}")
+        kind = "  (batch)" if row.get("batch") else ""
+        console.print(f"{row['role']:9s}  {escape(row['file'])}  {size}  {status}{kind}")
         if row.get("sha256"):
             by = row.get("recognised_by", "")
             console.print(

@@ -40,6 +40,28 @@ def check_signature(spec: RoleSpec, file_name: str, inputs: Sequence[Any], outpu
                 )
 
 
+def check_batch_signature(file_name: str, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    """Refuse a batch file whose first input, lengths and output lack a dynamic batch axis.
+
+    CosyVoice's batch signature: feats [B, 128, T], feats_length [B] -> tokens [B, T'] (the
+    role's own signature is checked apart, by `check_signature`).
+    """
+    if len(inputs) < 2 or not outputs:
+        raise VoxmillError(
+            errors.MODEL_ERROR, f"{file_name} needs feats and feats_length inputs and an output to batch"
+        )
+    declared = [("input", 0, inputs[0], 3), ("input", 1, inputs[1], 1), ("output", 0, outputs[0], 2)]
+    for kind, index, arg, rank in declared:
+        shape = list(arg.shape)
+        if len(shape) != rank or isinstance(shape[0], int):
+            raise VoxmillError(
+                errors.MODEL_ERROR,
+                f"{file_name} {kind} {index} ({arg.name!r}) has shape {shape}; a batch tokenizer needs "
+                f"rank {rank} with a dynamic batch axis first (feats [B,128,T], feats_length [B], "
+                "tokens [B,T'])",
+            )
+
+
 def _article(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
 

@@ -138,6 +138,19 @@ def test_a_world_writable_cache_folder_is_an_error(tmp_path: Path, models: Path)
     assert "chmod 700" in failed["model cache"].fix
 
 
+def test_the_batch_tokenizer_is_checked_apart_and_not_sized(tmp_path: Path, models: Path) -> None:
+    found = by_name(run_checks(settings_for(tmp_path, models)))
+    assert "speech_tokenizer_v2.batch.onnx" in found["tokenizer batch file"].detail
+    assert "dynamic batch axis" in found["tokenizer batch signature"].detail
+    assert found["tokenizer batch variant"].status == "ok" and "v2" in found["tokenizer batch variant"].detail
+    assert "speech_tokenizer_v2.onnx" in found["tokenizer file"].detail  # the file that serves, as before
+    # The single-clip file under the batch name: no batch axis, an error; the served file is fine.
+    shutil.copy(models / "speech_tokenizer_v2.onnx", models / "speech_tokenizer_v2.batch.onnx")
+    failed = errors_of(run_checks(settings_for(tmp_path, models)))
+    assert set(failed) == {"tokenizer batch signature"}
+    assert "dynamic batch axis" in failed["tokenizer batch signature"].detail
+
+
 def test_missing_models_and_roots(tmp_path: Path, models: Path) -> None:
     (models / "campplus.onnx").unlink()
     settings = settings_for(tmp_path, models, allowed_roots=(tmp_path, tmp_path / "absent"))

@@ -51,9 +51,9 @@ def test_files_named_checked_and_stamped(tiny: dict[str, Path]) -> None:
         assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
         assert model.producer_name == "voxmill-standin"
         assert "seed 0" in model.doc_string and "profile tiny" in model.doc_string
-    # Only the two models were written: no temp files left behind.
+    # Only the three models were written (the tokenizer, its batch twin, the embedder): no temp files.
     assert sorted(p.name for p in tiny["tokenizer"].parent.iterdir()) == sorted(
-        [standin.TOKENIZER_FILE, standin.EMBEDDER_FILE]
+        [standin.TOKENIZER_FILE, standin.TOKENIZER_BATCH_FILE, standin.EMBEDDER_FILE]
     )
 
 
@@ -73,6 +73,18 @@ def test_deterministic_bytes_and_seed_matters(tmp_path: Path) -> None:
 def test_tiny_files_are_small(tiny: dict[str, Path]) -> None:
     for path in tiny.values():
         assert 0 < path.stat().st_size < 5 * 1024 * 1024
+
+
+def test_batch_twin_has_the_same_weights_and_a_batch_axis(tiny: dict[str, Path]) -> None:
+    single, batch = (onnx.load(str(tiny[key])) for key in ("tokenizer", "tokenizer_batch"))
+    assert tiny["tokenizer_batch"].name == standin.TOKENIZER_BATCH_FILE == "speech_tokenizer_v2.batch.onnx"
+    assert [t.raw_data for t in single.graph.initializer] == [t.raw_data for t in batch.graph.initializer]
+    assert [n.op_type for n in single.graph.node] == [n.op_type for n in batch.graph.node]
+    batch_axes = [
+        v.type.tensor_type.shape.dim[0].dim_param for v in (*batch.graph.input, *batch.graph.output)
+    ]
+    assert batch_axes == ["B", "B", "B"]
+    assert single.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
 
 
 def test_tokenizer_signature(tokenizer: ort.InferenceSession) -> None:

@@ -405,6 +405,9 @@ def model_checks(
         checks += lines
         if model is not None:
             models.append(model)
+        twin = registry.find_batch_model(role, folder)
+        if twin is not None:  # checked, but not sized: no worker loads it yet
+            checks += check_model_file(role, twin, registry, settings, available, batch=True)[1]
     if not models and not any(c.status == "error" for c in checks):
         checks.append(
             error("models", f"no model in {folder}", "voxmill models make-standin --out DIR to try")
@@ -413,18 +416,27 @@ def model_checks(
 
 
 def check_model_file(
-    role: str, path: Path, registry: Any, settings: Settings, available: Sequence[str]
+    role: str,
+    path: Path,
+    registry: Any,
+    settings: Settings,
+    available: Sequence[str],
+    batch: bool = False,
 ) -> tuple[ModelFile | None, list[Check]]:
-    """One file: readable and no git-lfs pointer, IR/opsets, signature, variant, TensorRT engine."""
-    from pipeline.models.files import hash_model_file
-    from pipeline.models.signature import check_signature
+    """One file: readable and no git-lfs pointer, IR/opsets, signature, variant, TensorRT engine.
 
+    A `batch` file (checks named `<role> batch ...`) has its batch axes checked too, and no engine.
+    """
+    from pipeline.models.files import hash_model_file
+    from pipeline.models.signature import check_batch_signature, check_signature
+
+    label = f"{role} batch" if batch else role
     try:
         sha256 = hash_model_file(path)  # refuses an empty file or a git-lfs pointer by name
     except VoxmillError as exc:
         fix = "git lfs install && git lfs pull in the model folder" if "git-lfs" in exc.message else ""
-        return None, [error(f"{role} file", exc.message, fix or "copy the real model file there")]
-    lines = [ok(f"{role} file", f"{path} ({path.stat().st_size / 1e6:.1f} MB, sha256 {sha256[:12]})")]
+        return None, [error(f"{label} file", exc.message, fix or "copy the real model file there")]
+    lines = [ok(f"{label} file", f"{path} ({path.stat().st_size / 1e6:.1f} MB, sha256 {sha256[:12]})")]
     try:
         import onnx
 
@@ -433,27 +445,27 @@ def check_model_file(
         what = f"{path.name} is not an ONNX model ({type(exc).__name__}: {str(exc)[:120]})"
         return None, [
             *lines,
-            error(f"{role} onnx", what, "copy the file again: it is truncated or of another kind"),
+            error(f"{label} onnx", what, "copy the file again: it is truncated or of another kind"),
         ]
-    onnx_line, external_bytes = onnx_check(role, path, model)
+    onnx_line, external_bytes = onnx_check(label, path, model)
     lines.append(onnx_line)
-    initializers = {init.name for init in model.graph.initializer}
+    inputs = graph_args(model.graph.input, {init.name for init in model.graph.initializer})
+    outputs = graph_args(model.graph.output)
     spec = registry.role(role)
     try:
-        check_signature(
-            spec, path.name, graph_args(model.graph.input, initializers), graph_args(model.graph.output)
-        )
-        lines.append(ok(f"{role} signature", f"matches the {role} role of the registry"))
+        check_signature(spec, path.name, inputs, outputs)
+        if batch:
+            check_batch_signature(path.name, inputs, outputs)
+        what = f"matches the {role} role of the registry" + (", with a dynamic batch axis" if batch else "")
+        lines.append(ok(f"{label} signature", what))
     except VoxmillError as exc:
+        glob = spec.batch_glob if batch else spec.file_glob
         lines.append(
-            error(
-                f"{role} signature",
-                exc.message,
-                f"put a real {spec.file_glob} there; this file is another model",
-            )
+            error(f"{label} signature", exc.message, f"put a real {glob} there; this file is another model")
         )
-    lines.append(variant_check(registry, role, path, sha256))
-    lines += engine_checks(role, sha256, settings, available)
+    lines.append(variant_check(registry, role, path, sha256, label))
+    if not batch:
+        lines += engine_checks(role, sha256, settings, available)
     return ModelFile(role, path, sha256, path.stat().st_size + external_bytes), lines
 
 
@@ -490,20 +502,25 @@ def onnx_check(role: str, path: Path, model: Any) -> tuple[Check, int]:
     return ok(f"{role} onnx", f"{stamps}: loadable by onnxruntime {ort.__version__}"), external
 
 
-def variant_check(registry: Any, role: str, path: Path, sha256: str) -> Check:
+def variant_check(registry: Any, role: str, path: Path, sha256: str, label: str = "") -> Check:
     """A known release by sha256, or only by name (its token rate is then the name's guess)."""
+    label = label or role
     try:
         identified = registry.identify(role, path.name, sha256)
     except VoxmillError as exc:
-        return error(f"{role} variant", exc.message, f"name the file like {registry.role(role).file_glob}")
+        return error(f"{label} variant", exc.message, f"name the file like {registry.role(role).file_glob}")
     variant = identified.variant
     facts = [variant.description, f"{variant.token_rate_hz} tokens/s" if variant.token_rate_hz else ""]
     what = f"{variant.name}: {', '.join(f for f in facts if f)}"
     if identified.by == "sha256":
-        return ok(f"{role} variant", f"{what}: sha256 of the known release")
+        return ok(f"{label} variant", f"{what}: sha256 of the known release")
+    if registry.role(role).is_batch_name(path.name):
+        return ok(
+            f"{label} variant", f"{what}; known by its name (the registry lists no sha256 for batch files)"
+        )
     if not any(v.sha256 for v in registry.role(role).variants):
         return ok(
-            f"{role} variant", f"{what}; known by its name (the registry lists no sha256 for this role)"
+            f"{label} variant", f"{what}; known by its name (the registry lists no sha256 for this role)"
         )
     v1 = (
         " (speech_tokenizer_v1.onnx: the 25 Hz release is told only by sha256)"
@@ -511,7 +528,7 @@ def variant_check(registry: Any, role: str, path: Path, sha256: str) -> Check:
         else ""
     )
     return warning(
-        f"{role} variant",
+        f"{label} variant",
         f"sha256 {sha256[:12]} is no known release; taken by its name as {what}",
         "expected for a stand-in or your own export; for a released model download it again" + v1,
     )
