@@ -160,6 +160,7 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         peak = memory["tokenizer"]["voxmill"]["peak_mb"]
         label = f"peak RSS, {memory['models']} tokenizer, 25 s clip"
         out.append((label, peak, memory["target_worker_mb"], mb, False))
+    out += lengths_targets(results.get("memory-lengths"))
     if queue := results.get("queue-overhead"):
         p50 = queue["overhead_p50_ms"]
         out.append(("queue overhead per task, p50", p50, queue["target_p50_ms"], ms2, False))
@@ -184,6 +185,22 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         label = "speech check: embed in-process loop, on / off − 1"
         out.append((label, speech["whole_run"]["embed"]["overhead"], goal, pct, False))
     return out
+
+
+def lengths_targets(data: dict[str, Any] | None) -> list[Target]:
+    """The targets of `benchmarks/memory_lengths.py` (issue 35), met by voxmill's defaults."""
+    if not data:
+        return []
+    after, goal = data["children"]["after"], data["targets"]
+    span = f"{data['clips']:,} clips of 0.5–30 s"
+    return [
+        (f"{span}: RSS growth after clip {data['first']:,}", after["growth_after_first"],
+         goal["growth_after_first"], pct, False),
+        (f"a {data['long_s'] / 60:g}-minute clip: lasting RSS growth", after["long_clip_lasting_growth"],
+         goal["long_clip_lasting_growth"], pct, False),
+        (f"{span}: time against the old memory settings − 1", data["throughput_cost"],
+         goal["throughput_cost"], pct, False),
+    ]  # fmt: skip
 
 
 def targets_section(results: dict[str, dict[str, Any]]) -> Lines:
@@ -316,6 +333,49 @@ def memory_section(data: dict[str, Any]) -> Lines:
         "`voxmill`'s.",
         "",
         *columns_table("model, load", items, MEMORY_COLUMNS),
+    ]
+
+
+LENGTHS_COLUMNS: list[Column] = [
+    ("RSS loaded", "rss_loaded_mb", mb),
+    ("RSS at clip {first}", "rss_at_first_mb", mb),
+    ("RSS at the end", "rss_end_mb", mb),
+    ("growth after clip {first}", "growth_after_first", pct),
+    ("long clip: peak", "long_clip_peak_mb", mb),
+    ("RSS before it", "long_clip_rss_before_mb", mb),
+    ("RSS after it", "long_clip_rss_after_mb", mb),
+    ("lasting growth", "long_clip_lasting_growth", pct),
+    ("audio s/s", "audio_s_per_s", partial(fmt, digits=1)),
+]
+LENGTHS_NAMES = {
+    "before": "before: memory patterns on, arena never shrunk, glibc's mmap threshold",
+    "after": "after: voxmill's defaults",
+}
+
+
+def memory_lengths_section(data: dict[str, Any]) -> Lines:
+    kids, first = data["children"], f"{data['first']:,}"
+    columns = [(header.format(first=first), key, show) for header, key, show in LENGTHS_COLUMNS]
+    items = [(LENGTHS_NAMES.get(name, name), res) for name, res in kids.items()]
+    readings = {name: {p["clips"]: p["rss_mb"] for p in res["timeline"]} for name, res in kids.items()}
+    clips = sorted({c for values in readings.values() for c in values})
+    rows = [[f"{c:,}", *(mb(readings[name].get(c)) for name in kids)] for c in clips]
+    models = data["models"]
+    return [
+        "## Memory under clips of every length",
+        "",
+        f"`{data.get('command', 'python -m benchmarks.memory_lengths')}`: two "
+        f"processes, each holding the speech detector, the {models['tokenizer']} tokenizer and the "
+        f"{models['embedder']} embedder, run the same {data['clips']:,} clips of random length 0.5–30 s "
+        f"({data['audio_s'] / 3600:.1f} h of audio) through the detector, tokenize and embed, in "
+        f"alternating blocks of {data['block']}; after clip {first}, one {data['long_s']:g} s clip. "
+        "RSS is VmRSS; the long clip's peak is VmHWM.",
+        "",
+        *columns_table("ONNX Runtime settings", items, columns),
+        f"Time of the same clips, after / before − 1: **{pct(data['throughput_cost'])}** (per block of "
+        f"{data['block']}: {fmt(data['block_time_ratio'], 3)}).",
+        "",
+        *table(["clips", *(LENGTHS_NAMES.get(name, name).split(":")[0] for name in kids)], rows),
     ]
 
 
@@ -523,6 +583,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], Lines]]] = [
     ("scaling", scaling_section),
     ("coldstart", coldstart_section),
     ("memory", memory_section),
+    ("memory-lengths", memory_lengths_section),
     ("queue-overhead", queue_section),
     ("corpus-throughput", throughput_section),
     ("core", core_section),

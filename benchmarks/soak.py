@@ -5,8 +5,8 @@ memory flat; then a producer queueing far more than the workers can take.
     python -m benchmarks.soak --jobs 1000 --queued 10000 --result-expires-s 10   # a quick look
 
 Everything runs against a private Redis (`workers.embedded.EmbeddedRedis`) on a free port, with
-tiny stand-in models and a handful of short WAVs sent by path, ops mixed (tokenize, embed,
-extract in turn). Phases:
+tiny stand-in models and 24 WAVs of every length (`CLIP_SECONDS`: 0.5-30 s, and one of 90 s)
+sent by path, ops mixed (tokenize, embed, extract in turn). Phases:
 
 1. warm-up: `--warmup` jobs through `--workers` worker processes (one Celery worker, prefork);
    their results are read and deleted, then each process's RSS and Redis `used_memory` are the
@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import random
 import re
 import statistics
 import tempfile
@@ -60,7 +62,13 @@ from workers.queue.client import Client, Job
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 OPS = ("tokenize", "embed", "extract")
-CLIP_SECONDS = (0.5, 1.0, 1.5, 2.0)
+# Lengths of every kind, so memory is watched over many input shapes: 23 log-uniform in 0.5-30 s,
+# and one of 90 s (tokenized in windows; the embedder's arena shrinks after it).
+_LENGTHS = random.Random(35)
+CLIP_SECONDS = (
+    *(round(math.exp(_LENGTHS.uniform(math.log(0.5), math.log(30.0))), 2) for _ in range(23)),
+    90.0,
+)
 RESULT_PREFIX = "celery-task-meta-"
 TASK_LINE = re.compile(r"\] task (\S+) op=")
 MGET_BATCH = 500
@@ -152,7 +160,7 @@ def soak_cluster(folder: Path | None, workers: int, result_expires_s: int) -> It
 
 
 def make_clips(folder: Path) -> list[Path]:
-    """Short speech-like 16 kHz WAVs, one per length in `CLIP_SECONDS`."""
+    """Speech-like 16 kHz WAVs, one per length in `CLIP_SECONDS`."""
     clips = []
     for index, seconds in enumerate(CLIP_SECONDS):
         path = folder / f"clip{index}.wav"
@@ -444,6 +452,7 @@ def run(
                 "platform": platform.platform(),
             },
             "workers": workers,
+            "clip_seconds": list(CLIP_SECONDS),
             "warmup_jobs": warmup,
             "soak": soak_phase(soak, jobs, baseline),
         }

@@ -121,9 +121,9 @@ class Settings(BaseSettings):
         "arena keeps its peak for the life of the process.",
     )
     malloc_mmap_threshold_kb: int = _f(
-        1024,
+        8192,
         "Worker processes fix the C allocator's (glibc's) mmap threshold at this many KiB, so buffers "
-        "larger than a 30 s clip's are given back when freed and one long clip leaves no lasting "
+        "larger than a 30 s clip's (8 MiB) are given back when freed and one long clip leaves no lasting "
         "growth; 0: glibc's own threshold, which rises after each large buffer freed.",
     )
     # Input safety

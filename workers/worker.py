@@ -32,6 +32,7 @@ from typing import Any
 
 from celery import Celery, signals
 
+from pipeline.allocator import fix_mmap_threshold
 from pipeline.audio.vad import SpeechCheck, shared_detector
 from pipeline.errors import ModelUnavailable
 from pipeline.inference import SERVING_IMPORTS
@@ -113,6 +114,7 @@ class WorkerProcess:
         roles = roles_for_queues(self.queues)
         if not roles:
             return
+        fix_mmap_threshold(self.settings.malloc_mmap_threshold_kb)
         if self.speech.enabled:
             shared_detector(self.speech)  # loaded before the first job, as the models are
         if self.settings.metrics_port:

@@ -1,4 +1,5 @@
-"""How sessions are built: provider, threads, warm-up runs, provider options, optimized-model cache."""
+"""How sessions are built: provider, threads, warm-up runs, provider options, optimized-model cache,
+memory patterns and when the CPU arena shrinks."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class SessionOptions:
     `prepack` False: ONNX Runtime does not pre-pack weights for the CPU kernels. A session run
     once (the watcher's validation) loads faster and touches about a third less memory; the
     optimised graph it saves to the cache is byte for byte the same. Serving sessions pre-pack.
+    `mem_pattern` and `arena_shrink`: the settings `ort_mem_pattern` and `ort_arena_shrink`
+    (`pipeline.models.sessions.shrink_above` reads the latter).
     """
 
     provider: str = "cpu"
@@ -27,6 +30,8 @@ class SessionOptions:
     model_cache_dir: Path | None = None
     model_cache_keep: int = 6
     prepack: bool = True
+    mem_pattern: bool = False
+    arena_shrink: str = "long"  # long | always | never
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SessionOptions:
@@ -43,6 +48,8 @@ class SessionOptions:
             ),
             model_cache_dir=settings.model_cache_dir if settings.model_cache else None,
             model_cache_keep=settings.model_cache_keep,
+            mem_pattern=settings.ort_mem_pattern,
+            arena_shrink=settings.ort_arena_shrink,
         )
 
     def model_cache(self) -> ModelCache | None:

