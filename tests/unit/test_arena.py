@@ -18,7 +18,6 @@ from pipeline.inference import open_session
 from pipeline.models.options import SessionOptions
 from pipeline.models.registry import Registry
 from pipeline.models.sessions import shrink_above
-from pipeline.models.standin import make_standins
 from pipeline.settings import Settings
 from workers.queue.app import create_app
 
@@ -53,13 +52,6 @@ clip(600.0)
 clip(30.0)
 print(json.dumps({"before_mb": before, "after_mb": rss_mb()}))
 """
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("models")
-    make_standins(folder)
-    return folder
 
 
 def long_clip_growth_mb(models: Path, policy: str) -> float:

@@ -31,13 +31,6 @@ from pipeline.settings import Settings
 REGISTRY = Registry.load()
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("models")
-    make_standins(folder)
-    return folder
-
-
 def options(cache: Path | None, **kwargs: object) -> SessionOptions:
     return replace(SessionOptions(provider="cpu", warmup_runs=1), model_cache_dir=cache, **kwargs)  # type: ignore[arg-type]
 

@@ -24,13 +24,6 @@ REGISTRY = Registry.load()
 OPTIONS = SessionOptions(provider="cpu", warmup_runs=2)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("models")
-    make_standins(folder)
-    return folder
-
-
 def refusal(path: Path, role: str) -> VoxmillError:
     with pytest.raises(VoxmillError) as caught:
         open_session(path, role, OPTIONS, REGISTRY)
