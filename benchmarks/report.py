@@ -371,7 +371,7 @@ def memory_lengths_section(data: dict[str, Any]) -> Lines:
         f"alternating blocks of {data['block']}; after clip {first}, one {data['long_s']:g} s clip. "
         "RSS is VmRSS; the long clip's peak is VmHWM.",
         "",
-        *columns_table("ONNX Runtime settings", items, columns),
+        *columns_table("memory settings", items, columns),
         f"Time of the same clips, after / before − 1: **{pct(data['throughput_cost'])}** (per block of "
         f"{data['block']}: {fmt(data['block_time_ratio'], 3)}).",
         "",
