@@ -228,8 +228,9 @@ class Settings(BaseSettings):
     )
     shard_seconds: float = _f(
         300.0,
-        "When the listing gives durations: shards of short clips hold more than shard_size utterances, "
-        "about this many seconds of audio (at most 4096 utterances). 0: shard_size always.",
+        "When the listing gives durations, or its first clips are local files whose headers give them: "
+        "shards of short clips hold more than shard_size utterances, about this many seconds of audio "
+        "(at most 4096 utterances). 0: shard_size always.",
     )
     shard_deadline_min_s: float = _f(
         60.0, "A shard not done within max(this, factor x the median shard time) is submitted again."

@@ -491,3 +491,20 @@ def test_a_rerun_with_other_models_says_the_rows_are_not_theirs(tmp_path: Path, 
     assert f"rows of these outputs were made by other models than those in {other}" in said
     assert "--redo-mixed" in said
 
+
+def test_a_kaldi_dir_of_short_clips_without_utt2dur_runs_in_shards_sized_from_their_headers(
+    tmp_path: Path, tiny_models: Path
+) -> None:
+    wavs = sorted(make_audio_folder(tmp_path / "clips", 96, 0.5, 0.5).rglob("*.wav"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "wav.scp").write_text("".join(f"u{i:03d} {wav}\n" for i, wav in enumerate(wavs)))
+    out = tmp_path / "out"
+    # 4 s of 0.5 s clips a shard: 8, twice the 4 a listing without durations was cut to.
+    env = {"VOXMILL_SHARD_SIZE": "4", "VOXMILL_SHARD_SECONDS": "4"}
+    args = ("extract", str(data), "--out", str(out), "--models", str(tiny_models), "--ops", "embed")
+    done = voxmill(*args, "--workers", "2", "--quiet", env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((out / RunFolder.PLAN_HEADER).read_text())["shard_size"] == 8
+    assert len(shard_files(out)) == 12
+    assert json.loads((out / "report.json").read_text())["ops"] == {"embed": {"ok": 96, "failed": 0}}

@@ -23,7 +23,13 @@ chunks written so far (`PlanReader`), so the first shards go out while the rest 
 is still being read. Shard k is always the same utterances for the same listing, so a resume
 plans again and compares each shard's digest with the one on disk: a different corpus in the
 same folder is refused at its first differing shard; a listing fixed after a late problem
-resumes. Nothing here opens an audio file.
+resumes.
+
+The only audio opened here is for that shard size, when the listing gives no durations: the
+headers of up to 64 local files spread over the first utterances (`pipeline.corpus.durations`;
+libsndfile, nothing decoded), so that a corpus of short clips without `utt2dur` is cut into shards
+of about `shard_seconds` of audio too. A listing of URLs is cut by count, as before (a GET per
+header before the first shard would cost more than it saves).
 
 A corpus of WebDataset tar shards is planned one shard per tar (the header's `unit` is `tar`):
 a tar's utterances are known only once a worker reads it, so its plan entry names the tar, and
@@ -188,6 +194,7 @@ class Planner:
         self.requested = requested
         self.fixed_size = shard_size
         self.shard_seconds = settings.shard_seconds
+        self.limits = settings.audio_limits
         self.max_text_chars = settings.max_text_chars
         self.workers = workers
         self.header: PlanHeader | None = self._existing_header()
@@ -314,10 +321,10 @@ class Planner:
         return True
 
     def _new_header(self, utts: Iterator[Utterance], tars: bool) -> PlanHeader:
-        """The shard size: fixed, or (automatic) the settings', more for short clips when the
-        listing gives durations (`shard_seconds` of audio, judged from the first utterances), fewer
-        when the whole corpus is so small that the workers would get fewer than six shards each
-        (read ahead to know). A tar corpus: one tar per shard."""
+        """The shard size: fixed, or (automatic) the settings', more for short clips (`shard_seconds`
+        of audio, judged from the first utterances' listed durations, else their local files'
+        headers), fewer when the whole corpus is so small that the workers would get fewer than
+        six shards each (read ahead to know). A tar corpus: one tar per shard."""
         size = 1 if tars else self.fixed_size or self.requested
         if not tars and not self.fixed_size:
             size = self._size_for_durations(utts)
@@ -342,11 +349,16 @@ class Planner:
         return header
 
     def _size_for_durations(self, utts: Iterator[Utterance]) -> int:
+        # soundfile and numpy: imported when a run plans, not by every command that imports this
+        from pipeline.corpus.durations import headers_mean, listed_mean
+
         self._read_ahead(utts, DURATION_SAMPLE)
-        durations = [u.duration_s for u in self._buffered]
-        if not durations or None in durations:
+        mean_s = listed_mean(self._buffered)
+        if mean_s is None and self.shard_seconds > 0:
+            # Nothing listed: a sample of local files' headers (a listing of URLs stays by count).
+            mean_s = headers_mean(self._buffered, self.limits)
+        if mean_s is None:
             return self.requested
-        mean_s = sum(d or 0.0 for d in durations) / len(durations)
         return shard_size_for_durations(mean_s, self.requested, self.shard_seconds, MAX_SHARD_SIZE)
 
     def _read_ahead(self, utts: Iterator[Utterance], count: int) -> bool:
