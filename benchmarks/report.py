@@ -177,6 +177,7 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
             label, show = shows[key]
             higher = key == "ratio_to_plain_loop"
             out.append((f"corpus of {at}: {label}", goal["measured"], goal["target"], show, higher))
+    out += store_targets(results)
     if (speech := results.get("speech-check-full")) and "target_embed_overhead" in speech:
         goal = speech["target_embed_overhead"]
         if embed_runs := speech.get("extract", {}).get("embed"):
@@ -184,6 +185,23 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
             out.append((label, embed_runs["overhead"], goal, pct, False))
         label = "speech check: embed in-process loop, on / off − 1"
         out.append((label, speech["whole_run"]["embed"]["overhead"], goal, pct, False))
+    return out
+
+
+def store_targets(results: dict[str, dict[str, Any]]) -> list[Target]:
+    """The targets of `benchmarks/latency.py` and `benchmarks/shard_sizing.py` (issue 34)."""
+    out: list[Target] = []
+    if (latency := results.get("latency")) and "reads in flight" in latency["settings"]:
+        ahead = latency["settings"]["reads in flight"]
+        slowest = max((d for d in ahead if d != "local"), key=lambda name: float(name.strip("+ ms")))
+        label = f"objects at {slowest}, reads in flight: rate / the same at +0 ms"
+        out.append((label, ahead[slowest]["ratio_to_plus0"], 0.9, ratio, True))
+        cpu = ahead[slowest]["worker_cpu_ms_per_clip_over_local"]
+        out.append(("worker CPU per GET (per clip, over local files)", cpu, 0.5, ms2, False))
+    if sizing := results.get("shard-sizing"):
+        label = f"{sizing['utterances']:,} short clips without durations / plain loop"
+        value = sizing["after"]["ratio_to_plain_loop"]
+        out.append((label, value, sizing["target"]["ratio_to_plain_loop"], ratio, True))
     return out
 
 
@@ -534,6 +552,53 @@ def storage_section(data: dict[str, Any]) -> Lines:
     ]
 
 
+def latency_section(data: dict[str, Any]) -> Lines:
+    first = next(iter(data["settings"].values()))
+    delays = sorted(first, key=lambda name: -1.0 if name == "local" else float(name.strip("+ ms")))
+    rows = [
+        [name, *(f"{fmt(by[d]['audio_s_per_s'], 0)} ({fmt(by[d]['ratio_to_local'], 2)})" for d in delays)]
+        for name, by in data["settings"].items()
+    ]
+    cpu = [
+        [name, *(fmt(by[d]["worker_cpu_ms_per_clip_over_local"], 2) for d in delays[1:])]
+        for name, by in data["settings"].items()
+    ]
+    gains = ", ".join(f"{d} {fmt(x, 2)}×" for d, x in data["in_flight_over_one_at_a_time"].items())
+    return [
+        "## Objects at real latency",
+        "",
+        f"`python -m benchmarks.latency`: {data['clips']} clips ({fmt(data['audio_seconds'], 0)} s of "
+        f"audio), one object each on a loopback S3 server (moto) behind a proxy that delays every "
+        f"response's first byte; `voxmill extract --ops {data['op']}`, {data['workers']} workers, "
+        f"{data['models']}, {data['repeats']} repeats; reads in flight ({data['reads_in_flight']} at "
+        "once) against one read at a time. Audio s/s (ratio to the same clips on local disk):",
+        "",
+        *table(["reads", *delays], rows),
+        f"Reads in flight against one at a time: {gains}. Worker CPU per clip over local files (ms):",
+        "",
+        *table(["reads", *delays[1:]], cpu),
+    ]
+
+
+def shard_sizing_section(data: dict[str, Any]) -> Lines:
+    rows = [
+        [name, str(run["shard_size"]), f"{run['shards']:,}", fmt(run["audio_s_per_s"], 0),
+         fmt(run["ratio_to_plain_loop"], 3)]
+        for name, run in (("count (32)", data["before"]), ("from the files' headers", data["after"]))
+    ]  # fmt: skip
+    return [
+        "## Shards sized without listed durations",
+        "",
+        f"`python -m benchmarks.shard_sizing --utterances {data['utterances']}`: a Kaldi dir without "
+        f"`utt2dur` of {data['utterances']:,} short clips ({fmt(data['audio_s'] / data['utterances'], 2)} s "
+        f"on average), `voxmill extract --ops {','.join(data['ops'])}`, {data['workers']} workers, tiny "
+        f"stand-ins, against the {data['workers']}-process plain loop "
+        f"({fmt(data['plain_loop']['audio_s_per_s'], 0)} audio s/s).",
+        "",
+        *table(["shard size", "utterances per shard", "shards", "audio s/s", "ratio to plain loop"], rows),
+    ]
+
+
 def speech_check_section(data: dict[str, Any]) -> Lines:
     clip = data["per_clip"]
     rows = [[op, fmt(clip[op]["ms_per_audio_s"], 3)] for op in ("speech", "embed", "tokenize")]
@@ -589,6 +654,8 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], Lines]]] = [
     ("core", core_section),
     ("corpus-scale", corpus_scale_section),
     ("storage", storage_section),
+    ("latency", latency_section),
+    ("shard-sizing", shard_sizing_section),
     ("speech-check-full", speech_check_section),
 ]
 

@@ -215,3 +215,23 @@ def test_latency_runs_and_reports(tmp_path: Path) -> None:
         assert set(table) == {"local", "+0 ms", "+20 ms"}
         assert all(run["failed"] == 0 and run["audio_s"] > 0 for row in table.values() for run in row["runs"])
     assert set(data["in_flight_over_one_at_a_time"]) == {"+0 ms", "+20 ms"}
+    from benchmarks.report import latency_section
+
+    section = "\n".join(latency_section(data))
+    assert "| reads | local | +0 ms | +20 ms |" in section and "| one read at a time |" in section
+    rows = targets_section({"latency": data})[4:-1]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| objects at +20 ms, reads in flight: rate / the same at +0 ms",
+        "| worker CPU per GET (per clip, over local files)",
+    ]
+
+
+def test_the_shard_sizing_result_renders_with_its_target() -> None:
+    from benchmarks.report import shard_sizing_section
+
+    data = json.loads((ROOT / "benchmarks" / "results" / "shard-sizing.json").read_text())
+    section = shard_sizing_section(data)
+    rows = [line for line in section if line.startswith(("| count", "| from the files"))]
+    assert [row.split(" | ")[1] for row in rows] == ["32", str(data["after"]["shard_size"])]
+    target = targets_section({"shard-sizing": data})[4]
+    assert "short clips without durations / plain loop" in target and "≥ 0.750" in target
