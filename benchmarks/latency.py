@@ -12,6 +12,14 @@ local worker processes; outputs to a local folder. The workers are started twice
 flight (the default `reads_in_flight`) and without (`reads_in_flight=1`); with each, in
 alternating rounds, the same clips from local disk, then from the store at each delay.
 
+With `--outputs`, the inputs are local short clips (0.5-1.5 s) and the outputs go to a local
+folder, then to the bucket (behind the proxy) with the merge reading shard objects ahead (the
+default `reads_in_flight`) and one after another (`reads_in_flight=1`, given to the driver only:
+local inputs are never read ahead); per variant the whole run's wall time, the merge's, and the
+ratio to local outputs. Writes benchmarks/results/latency_outputs.json.
+
+    python -m benchmarks.latency --outputs --clips 2000 --repeats 2 --delays 0,20
+
 Reported per variant: audio seconds per wall second (median of the repeats), its ratio to local
 disk (measured back to back with the same workers) and to the same variant at +0 ms, the wall time
 each clip adds per worker process over local disk, and the workers' CPU per clip (the difference
@@ -22,6 +30,7 @@ same cores as the workers. Writes benchmarks/results/latency.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +49,9 @@ from benchmarks.corpus import Clip, CorpusRecipe, make_corpus, make_models
 from benchmarks.delay_proxy import DelayProxy
 
 BUCKET = "latency"
+OUT_BUCKET = "latency-out"
 WORKERS = 2
+MERGES = ("bucket, merge read ahead", "bucket, serial merge")
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -130,12 +142,144 @@ def _rounds(
     return runs
 
 
+def _setup(name: str, clips: list[Clip], delays: list[float], repeats: int, in_flight: int) -> dict[str, Any]:
+    """What a result says about how it was measured."""
+    return {
+        "benchmark": name,
+        "clips": len(clips),
+        "audio_seconds": round(sum(c.duration_s for c in clips), 1),
+        "delays_ms": delays,
+        "repeats": repeats,
+        "workers": WORKERS,
+        "models": "tiny stand-ins",
+        "op": "embed",
+        "reads_in_flight": in_flight,
+    }
+
+
+@contextlib.contextmanager
+def _timed_merges(proxy: DelayProxy) -> Iterator[list[tuple[float, int]]]:
+    """(seconds, requests through `proxy`) of each merge meanwhile (the workers are idle then;
+    `run_corpus` imports `merge_outputs` when it merges)."""
+    from pipeline.outputs import merge as merge_module
+
+    original, times = merge_module.merge_outputs, []
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started, requests = time.perf_counter(), proxy.requests
+        try:
+            return original(*args, **kwargs)
+        finally:
+            times.append((time.perf_counter() - started, proxy.requests - requests))
+
+    merge_module.merge_outputs = timed
+    try:
+        yield times
+    finally:
+        merge_module.merge_outputs = original
+
+
+def _output_variants(delays: list[float]) -> list[tuple[str, float]]:
+    """(variant, delay ms): outputs local, then each merge at each delay."""
+    return [("local", 0.0), *((f"{merge} +{d:g} ms", d) for d in delays for merge in MERGES)]
+
+
+def _output_rounds(
+    settings: Any, proxy: DelayProxy, manifest: Path, delays: list[float], repeats: int, work: Path
+) -> dict[str, list[dict[str, Any]]]:
+    """Every output variant `repeats` times, in rounds of alternating order: wall and merge time."""
+    from pipeline.outputs.folder import RunFolder
+    from workers.extract import extract_corpus
+
+    variants = _output_variants(delays)
+    serial = settings.model_copy(update={"reads_in_flight": 1})
+    extract_corpus(
+        settings, manifest, RunFolder.of(f"s3://{OUT_BUCKET}/warm-up"), ["embed"], WORKERS, 0, True
+    )
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v, _ in variants}
+    for repeat in range(repeats):
+        for variant, delay in variants if repeat % 2 == 0 else reversed(variants):
+            proxy.delay_ms = delay
+            name = f"{variant.split(',')[-1].strip().replace(' ', '-')}-{repeat}"
+            out = work / name if variant == "local" else f"s3://{OUT_BUCKET}/{name}"
+            run_settings = serial if "serial" in variant else settings
+            with _timed_merges(proxy) as merges:
+                started = time.monotonic()
+                report = extract_corpus(
+                    run_settings, manifest, RunFolder.of(out), ["embed"], WORKERS, 0, True
+                )
+                wall = time.monotonic() - started
+            merge_s, requests = (sum(m) for m in zip(*merges, strict=True))
+            shards = len(RunFolder.of(out).shard_files())
+            record = {"wall_s": round(wall, 3), "merge_s": round(merge_s, 3), "merge_requests": requests}
+            runs[variant].append({**record, "shards": shards, "utts": report["utterances"]})
+            log(f"{variant}: {wall:.2f} s, merge {merge_s:.3f} s ({requests} requests, {shards} shards)")
+    return runs
+
+
+def _output_table(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Median wall and merge time per variant; each one's wall time over local outputs'."""
+    local_wall = statistics.median(r["wall_s"] for r in runs["local"])
+    table: dict[str, Any] = {}
+    for variant, found in runs.items():
+        wall = statistics.median(r["wall_s"] for r in found)
+        table[variant] = {
+            "wall_s": round(wall, 3),
+            "merge_s": round(statistics.median(r["merge_s"] for r in found), 3),
+            "wall_over_local": round(wall / local_wall, 4),
+            "runs": found,
+        }
+    return table
+
+
+def _outputs_benchmark(args: argparse.Namespace, delays: list[float], proxy: DelayProxy, work: Path) -> int:
+    """`--outputs`: local short clips, outputs local and in the bucket (module docstring)."""
+    from pipeline.settings import Settings
+    from pipeline.storage import objects
+    from workers.embedded import EmbeddedRedis, LocalWorkers
+
+    clips = make_corpus(CorpusRecipe("latency-outputs", args.clips, 0.5, 1.5, distribution="uniform"))
+    manifest = _manifest(work / "local.jsonl", clips, "local")
+    objects.filesystem("s3").mkdir(OUT_BUCKET)
+    redis_server = EmbeddedRedis()
+    redis_server.start()
+    settings = Settings(
+        broker_url=redis_server.url,
+        model_dir=make_models("tiny"),
+        allowed_roots=(Path(clips[0].path).parents[2], work, f"s3://{OUT_BUCKET}"),
+        provider="cpu",
+        speech_check=False,
+        run_state_dir=work / "state",
+    )
+    workers = LocalWorkers(settings, WORKERS, ["embed"], log_path=work / "workers.log").start()
+    try:
+        workers.wait_ready(180)
+        runs = _output_rounds(settings, proxy, manifest, delays, args.repeats, work)
+    finally:
+        workers.stop()
+        redis_server.stop()
+    table = _output_table(runs)
+    result = {
+        **_setup("latency_outputs", clips, delays, args.repeats, settings.reads_in_flight),
+        "variants": table,
+        "load_average": load_average(),
+    }
+    out = args.out if args.out != RESULTS_DIR / "latency.json" else RESULTS_DIR / "latency_outputs.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_result(out.parent, out.stem, result)
+    print(json.dumps({v: (t["wall_s"], t["merge_s"], t["wall_over_local"]) for v, t in table.items()}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clips", type=int, default=600)
     parser.add_argument("--delays", default="0,20,50", help="ms added to each answer's first byte")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "latency.json")
+    parser.add_argument(
+        "--outputs", action="store_true", help="local short clips, outputs local vs in the bucket"
+    )
     args = parser.parse_args(argv)
     delays = [float(d) for d in args.delays.split(",")]
 
@@ -148,8 +292,6 @@ def main(argv: list[str] | None = None) -> int:
     from workers.embedded import EmbeddedRedis, LocalWorkers, free_port
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    clips = make_corpus(CorpusRecipe("latency", args.clips, 1.0, 3.0, distribution="uniform"))
-    models = make_models("tiny")
     work = Path(tempfile.mkdtemp(prefix="voxmill-bench-latency-"))
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -161,6 +303,15 @@ def main(argv: list[str] | None = None) -> int:
         AWS_SECRET_ACCESS_KEY="bench",
         AWS_DEFAULT_REGION="us-east-1",
     )
+    if args.outputs:
+        try:
+            return _outputs_benchmark(args, delays, proxy, work)
+        finally:
+            proxy.stop()
+            server.stop()
+            shutil.rmtree(work, ignore_errors=True)
+    clips = make_corpus(CorpusRecipe("latency", args.clips, 1.0, 3.0, distribution="uniform"))
+    models = make_models("tiny")
     redis_server = EmbeddedRedis()
     settings_by_name: dict[str, dict[str, list[dict[str, Any]]]] = {}
     try:
@@ -194,15 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         tables = {name: _variant_table(runs, len(clips)) for name, runs in settings_by_name.items()}
         on, off = tables["reads in flight"], tables["one read at a time"]
         result = {
-            "benchmark": "latency",
-            "clips": len(clips),
-            "audio_seconds": round(sum(c.duration_s for c in clips), 1),
-            "delays_ms": delays,
-            "repeats": args.repeats,
-            "workers": WORKERS,
-            "models": "tiny stand-ins",
-            "op": "embed",
-            "reads_in_flight": default_in_flight,
+            **_setup("latency", clips, delays, args.repeats, default_in_flight),
             "settings": tables,
             "in_flight_over_one_at_a_time": {
                 v: round(on[v]["audio_s_per_s"] / off[v]["audio_s_per_s"], 4) for v in on if v != "local"

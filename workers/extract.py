@@ -157,6 +157,7 @@ def run_corpus(
     the re-merge's own time being `remerge_wall_seconds`.
     """
     from pipeline.outputs.merge import merge_outputs
+    from pipeline.storage.prefetch import ReadAhead
     from workers.corpus.driver import CorpusDriver
     from workers.corpus.hooks import HookList
     from workers.corpus.progress import ProgressView
@@ -193,10 +194,11 @@ def run_corpus(
         extra.update({key: earlier[key] for key in EXTRACTION_KEYS if key in earlier})
     extra["plan_fingerprint"] = planner.fingerprint
     buffer_rows = cluster.settings.merge_buffer_rows
+    read_ahead = ReadAhead(settings.reads_in_flight, settings.read_ahead_bytes)  # a store's shard files
     try:
         reader = PlanReader(out_dir)
         specs, asked = reader.specs(), reader.header().ops
-        return merge_outputs(out_dir, specs, extra, buffer_rows, quality, asked)
+        return merge_outputs(out_dir, specs, extra, buffer_rows, quality, asked, read_ahead)
     except VoxmillError as exc:
         raise RunError(exc.message) from None
 

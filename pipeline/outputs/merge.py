@@ -7,7 +7,10 @@ writes the feature files row group by row group (`buffer_rows` rows at a time) a
 line by line, and keeps per speaker a running sum of its embeddings, so its memory depends on
 `buffer_rows` and the number of speakers, not on the size of the corpus. Rows follow the plan,
 which is the listing's order; a plan puts each utterance in one shard, so each (utt, op) is
-counted once. `report.json` is written last: once it exists, the outputs are whole.
+counted once. `report.json` is written last: once it exists, the outputs are whole. From an
+object store, the shard files are read ahead, a bounded number at once, and taken in plan order
+(`_read_shards`): the same bytes and errors as reading them one after another, without a round
+trip per file in series.
 
 The output folder may be a local folder or a prefix in an object store
 (`pipeline.storage.locations.OutputLocation`): each output is written whole to a temporary name (or
@@ -27,7 +30,8 @@ import base64
 import contextlib
 import io
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,8 +62,13 @@ from pipeline.outputs.writers import (
 )
 from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, Utterance
 from pipeline.storage.locations import OutputLocation
+from pipeline.storage.objects import Reserve
+from pipeline.storage.prefetch import ReadAhead, prefetch
 
 DEFAULT_BUFFER_ROWS = 65536
+# Shard files read ahead together at most: the reads drain between two windows (one round trip
+# lost per window), and the plan's specs of a window are held meanwhile.
+WINDOW_FILES = 256
 ARROW_SCHEMA_KEY = "ARROW:schema"  # where Arrow keeps a Parquet file's Arrow schema
 
 
@@ -302,6 +311,7 @@ def merge_outputs(
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     quality: QualityFilter | None = None,
     ops: Sequence[str] | None = None,
+    read_ahead: ReadAhead | None = None,
 ) -> dict[str, Any]:
     """Merge the shard files of `specs` (the plan's, in shard order) into the outputs; the report.
 
@@ -314,6 +324,10 @@ def merge_outputs(
     `errors.jsonl` with code `filtered`. Every parquet output's key-value metadata and the report
     hold the run's provenance. A missing shard file, or one whose rows are not its shard's
     utterances, is `VoxmillError("output_error")` and leaves the outputs as they were.
+
+    `read_ahead`: in an object store, the shard files are read `read_ahead.in_flight` at once
+    ahead of the merge (`_read_shards`), in plan order, so the outputs and errors are what reading
+    them one after another gives; None (or 1 in flight), and a local folder: one after another.
     """
     out = out_dir.location
     quality = quality or QualityFilter()
@@ -321,9 +335,10 @@ def merge_outputs(
     given_up = {name for name in out_dir.shard_files() if RunFolder.is_given_up(name)}
     with contextlib.ExitStack() as stack:
         outputs = _Outputs(out, stack, buffer_rows)
-        for shard_specs in _by_shard(specs):
+        shards = _read_shards(out_dir, specs, given_up, buffer_rows, read_ahead)
+        for shard_specs, tables in stack.enter_context(closing(shards)):  # closed: its reads stop
             outputs.open_for([op for spec in shard_specs for op in _reported(spec.op, ops)])
-            _merge_shard(out_dir, shard_specs, tally, outputs, quality, ops, given_up)
+            _merge_shard(out_dir, shard_specs, tables, tally, outputs, quality, ops, given_up)
         outputs.open_for(tally.ops)
         provenance = tally.provenance()
         outputs.close(provenance)
@@ -352,6 +367,67 @@ def _by_shard(specs: Iterable[ShardSpec]) -> Iterator[list[ShardSpec]]:
         yield sorted(group, key=_op_rank)
 
 
+def reads_ahead(local: bool, read_ahead: ReadAhead | None) -> bool:
+    """Whether the merge reads shard files ahead: only from a store (a local read has no round
+    trip to hide, and a thread pool would only cost), and only when more than one is allowed."""
+    return not local and read_ahead is not None and read_ahead.in_flight > 1
+
+
+def windows(
+    shards: Iterable[list[ShardSpec]], max_rows: int, max_files: int
+) -> Iterator[list[list[ShardSpec]]]:
+    """Consecutive shards (each its specs) read ahead together: at most `max_files` files and
+    `max_rows` planned utterances (the merge's own bound), at least one shard."""
+    window: list[list[ShardSpec]] = []
+    files = rows = 0
+    for shard in shards:
+        shard_rows = len(shard[0].utts)  # every op's spec of a shard lists the same utterances
+        if window and (files + len(shard) > max_files or rows + shard_rows > max_rows):
+            yield window
+            window, files, rows = [], 0, 0
+        window.append(shard)
+        files, rows = files + len(shard), rows + shard_rows
+    if window:
+        yield window
+
+
+ShardTables = tuple[list[ShardSpec], list[pa.Table]]
+
+
+def _read_shards(
+    out_dir: RunFolder,
+    specs: Iterable[ShardSpec],
+    given_up: set[str],
+    buffer_rows: int,
+    read_ahead: ReadAhead | None,
+) -> Generator[ShardTables, None, None]:
+    """Each shard's specs and its files' tables, in plan order: read one after another, or (see
+    `reads_ahead`) window by window, `read_ahead.in_flight` reads at once."""
+    shards = _by_shard(specs)
+    if read_ahead is None or not reads_ahead(out_dir.is_local, read_ahead):
+        for shard in shards:
+            yield shard, [read_shard(ref) for ref in _refs(out_dir, shard, given_up)]
+        return
+    for window in windows(shards, buffer_rows, WINDOW_FILES):
+        refs = [str(ref) for shard in window for ref in _refs(out_dir, shard, given_up)]
+        with closing(prefetch(refs, _read_held, read_ahead)) as tables:
+            for shard in window:
+                yield shard, [next(tables) for _ in shard]  # an error is raised at its file, in order
+
+
+def _refs(out_dir: RunFolder, shard: list[ShardSpec], given_up: set[str]) -> list[Path | str]:
+    return [out_dir.ref(_file_name(spec, given_up)) for spec in shard]
+
+
+def _read_held(url: str, reserve: Reserve) -> pa.Table:
+    """A shard file read ahead (by `read_shard`, so a failure says what it always said). Its size
+    is known once read: it then waits for room in the byte budget, so the tables waiting stay
+    within it, plus one file per read in flight."""
+    table = read_shard(url)
+    reserve(table.nbytes)
+    return table
+
+
 def _op_rank(spec: ShardSpec) -> int:
     return OPS.index(spec.op) if spec.op in OPS else len(OPS)
 
@@ -364,16 +440,18 @@ def _reported(op: str, asked: Sequence[str] | None) -> list[str]:
 def _merge_shard(
     out_dir: RunFolder,
     specs: list[ShardSpec],
+    tables: list[pa.Table],
     tally: _Tally,
     outputs: _Outputs,
     quality: QualityFilter,
     asked: Sequence[str] | None = None,
     given_up: frozenset[str] | set[str] = frozenset(),
 ) -> None:
-    """Fold one shard (every op's file of it: its given-up file, if it was given up) into the outputs."""
+    """Fold one shard (`tables`: every op's file of it, its given-up file if it was given up) into
+    the outputs."""
     names = [(spec, _file_name(spec, given_up)) for spec in specs]
     refs = [(spec, out_dir.ref(name), name in given_up) for spec, name in names]
-    read = [(spec, ref, read_shard(ref), gave_up) for spec, ref, gave_up in refs]
+    read = [(spec, ref, table, gave_up) for (spec, ref, gave_up), table in zip(refs, tables, strict=True)]
     # A tar's utterances are what it held: the first op's rows (of a file not given up), the same
     # in every op's file; a given-up file of the tar fails each of them.
     first = next((table for _, _, table, gave_up in read if not gave_up), read[0][2])

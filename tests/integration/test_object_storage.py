@@ -12,7 +12,10 @@ server mode), with real worker processes, real ONNX files and real tar files.
 - reads in flight: a shard of objects read ahead (8 at once, a budget of two clips) gives what
   the same shard read one clip at a time gives, failures in place (missing, empty, undecodable,
   outside the prefixes, a local file among them), for whole objects and for segments; a reset
-  connection under a delaying proxy (`benchmarks.delay_proxy`) costs nothing but a retry.
+  connection under a delaying proxy (`benchmarks.delay_proxy`) costs nothing but a retry;
+- the merge reads shard objects ahead: the outputs byte for byte what a serial merge writes (and
+  equal to a folder's), at most `reads_in_flight` requests at once, a missing or unreadable shard
+  object the same error at the same place.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from pipeline.storage import objects, urls
 from pipeline.storage.prefetch import ReadAhead
 from tests.conftest import make_settings
 from tests.helpers import make_audio_folder, read_outputs
+from tests.unit.test_merge_reads import output_bytes, write_run
 from workers.embedded import PROJECT_ROOT, free_port, worker_command
 from workers.extract import extract_corpus
 
@@ -400,3 +404,84 @@ def test_a_shard_read_ahead_equals_a_serial_read_with_errors_in_place(
     rows = [row["utt"] for row in segmented["utt_embeddings.parquet"]]  # type: ignore[union-attr]
     assert rows == [s.split()[0] for s in segments]
     assert [json.loads(e)["utt"] for e in segmented["errors.jsonl"]] == ["r9-0"]
+
+
+# --------------------------------------------------------------------------- the merge read ahead
+
+
+class _CountingProxy(DelayProxy):
+    """A delaying proxy that counts the connections open at once. An HTTP/1.1 client sends one
+    request at a time per connection and opens another only when all are busy, so the most open
+    at once is the most requests it had in flight (all on the proxy's one loop: no lock)."""
+
+    def __init__(self, upstream_port: int, delay_ms: float) -> None:
+        super().__init__(upstream_port, delay_ms)
+        self.open = self.most_open = 0
+
+    async def _serve(self, client_reader: Any, client_writer: Any) -> None:
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            await super()._serve(client_reader, client_writer)
+        finally:
+            self.open -= 1
+
+
+def _merged_bytes(out: str) -> dict[str, bytes]:
+    return output_bytes(lambda name: objects.read_url(f"{out}/{name}"))
+
+
+def test_the_merge_reads_shard_objects_ahead_as_a_serial_merge_does(
+    s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = f"{_bucket('merged')}/run"
+    remote, local = RunFolder.of(out), RunFolder.of(tmp_path / "local")
+    specs = write_run(remote, shards=12)
+    write_run(local, shards=12)
+    merged: dict[tuple[int, int], dict[str, bytes]] = {}
+    most_open: dict[tuple[int, int], int] = {}
+    moto_port = int(s3_env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    for buffer_rows in (7, 65536):  # 7: windows of one shard (two files); 65536: one window of 24
+        for in_flight in (1, 4):
+            with _CountingProxy(moto_port, delay_ms=20) as proxy:  # requests overlap only if sent so
+                monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+                objects._FILESYSTEMS.clear()  # a new client: no connection left from the last merge
+                ahead = ReadAhead(in_flight=in_flight, budget_bytes=4096)  # a few shard tables
+                merge_outputs(remote, specs, {}, buffer_rows=buffer_rows, read_ahead=ahead)
+                merged[buffer_rows, in_flight] = _merged_bytes(out)
+            most_open[buffer_rows, in_flight] = proxy.most_open
+    objects._FILESYSTEMS.clear()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
+    assert merged[7, 4] == merged[7, 1] and merged[65536, 4] == merged[65536, 1]  # byte for byte
+    assert most_open[7, 1] == most_open[65536, 1] == 1  # one read after another
+    assert most_open[7, 4] == 2  # a window's two files at once, never more
+    assert 2 <= most_open[65536, 4] <= 4  # reads in flight, bounded
+    merge_outputs(local, specs, {}, read_ahead=ReadAhead(in_flight=4))
+    assert read_outputs(_download(out, tmp_path / "copy")) == read_outputs(tmp_path / "local")
+
+
+def test_a_missing_or_bad_shard_object_stops_a_merge_read_ahead_as_a_serial_one(
+    s3_env: dict[str, str],
+) -> None:
+    out = f"{_bucket('broken')}/run"
+    folder = RunFolder.of(out)
+    specs = write_run(folder, shards=8)
+    fs = objects.filesystem("s3")
+    bad, missing = f"{out}/shards/embed-000003.parquet", f"{out}/shards/tokenize-000005.parquet"
+    fs.pipe_file(urls.parse_url(bad).fs_path, b"PAR1 not a parquet file PAR1")
+    fs.rm_file(urls.parse_url(missing).fs_path)
+    messages: dict[int, list[str]] = {1: [], 8: []}
+    for in_flight, said in messages.items():
+        with pytest.raises(VoxmillError) as caught:  # the bad file comes first in plan order
+            merge_outputs(folder, specs, {}, read_ahead=ReadAhead(in_flight=in_flight))
+        said.append(caught.value.message)
+        assert caught.value.code == "output_error"
+    write_run(folder, shards=4)  # the bad file written again: the missing one is next
+    for in_flight, said in messages.items():
+        with pytest.raises(VoxmillError) as caught:
+            merge_outputs(folder, specs, {}, read_ahead=ReadAhead(in_flight=in_flight))
+        said.append(caught.value.message)
+    assert messages[8] == messages[1]
+    assert messages[1][0].startswith(f"shard file {bad} cannot be read: ")
+    assert messages[1][1] == f"shard file {missing} is missing"
+    assert not objects.url_exists(f"{out}/report.json")  # the outputs as they were: none

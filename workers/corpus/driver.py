@@ -25,9 +25,10 @@ finds that file and counts the shard done, so nothing is sent again and again (d
 have the shard tried anew).
 
 The output folder may be a prefix in an object store: a shard is done when its object exists.
-There, a look costs a request, so each round looks at the shards announced plus at most
-`STORE_LOOKS_PER_ROUND` others, in turn (a lost announcement then costs a few rounds, not one),
-and the shards done before are one listing of `shards/`. A tar shard's utterances are known only
+There, a look costs a request (a HEAD), so a round looks only at the shards announced; once every
+`STORE_SWEEP_S` it also looks at up to `STORE_LOOKS_PER_ROUND` others, in turn (a lost
+announcement then costs a few sweeps, not one round), and the shards done before are one listing
+of `shards/`. A tar shard's utterances are known only
 once its file is written: progress counts tars until then.
 
 The driver owns its loop: every round it asks its cluster whether the work can go on
@@ -91,7 +92,11 @@ class LateVerdict:
     running: list[InFlight]  # a live worker runs one of its tasks: it waits
 
 
-STORE_LOOKS_PER_ROUND = 32  # object-store outputs: HEAD requests per round beyond the announced
+STORE_LOOKS_PER_ROUND = 32  # object-store outputs: HEAD requests per sweep beyond the announced
+# Object-store outputs: how often unannounced shards are looked for. Rounds come with every
+# announcement (every 50 ms while the plan is read): looking at the unannounced each round cost a
+# HEAD per shard in flight per round, and a GET for each found before its announcement.
+STORE_SWEEP_S = 5.0
 # A shard announced failed with one of these could not be written: sent again, then given up. Any
 # other failure (a forbidden output folder, a model no worker loads, a payload the workers do not
 # read) would fail every shard: the run ends.
@@ -110,7 +115,8 @@ class Ledger:
     done_now: int = 0
     resubmitted: int = 0
     given_up: int = 0
-    look_cursor: int = 0  # where the next round's looks at unannounced shards start (object store)
+    look_cursor: int = 0  # where the next sweep's looks at unannounced shards start (object store)
+    swept_at: float = field(default_factory=time.monotonic)  # the last sweep (object store)
     out: OutputLocation = field(init=False)
 
     def __post_init__(self) -> None:
@@ -157,23 +163,31 @@ class Ledger:
 
 
 def shards_to_look_at(
-    inflight: Sequence[str], announced: set[str], local: bool, budget: int, cursor: int
+    inflight: Sequence[str], announced: set[str], local: bool, budget: int, cursor: int, sweep: bool = True
 ) -> tuple[list[str], int]:
     """Which in-flight shards to look for this round, and the next round's cursor.
 
-    A local folder: all of them (a stat each). An object store: the announced ones, then up to
-    `budget` others in turn from `cursor`, so each is looked at every len/budget rounds.
+    A local folder: all of them (a stat each). An object store: the announced ones, then, on a
+    `sweep` round, up to `budget` others in turn from `cursor`, so each is looked at every
+    len/budget sweeps.
     """
     if local:
         return list(inflight), cursor
     chosen = [name for name in inflight if name in announced]
     others = [name for name in inflight if name not in announced]
+    if not sweep:
+        return chosen, cursor
     if not others:
         return chosen, 0
     start = cursor % len(others)
     take = min(budget, len(others))
     picked = [others[(start + i) % len(others)] for i in range(take)]
     return chosen + picked, (start + take) % len(others)
+
+
+def sweep_due(now: float, swept_at: float, every_s: float) -> bool:
+    """Whether this round (object store) also looks at the shards that did not announce."""
+    return now - swept_at >= every_s
 
 
 def late_shards(
@@ -367,10 +381,12 @@ class CorpusDriver:
             if result.name not in reported or reported[result.name].error:  # a success tells more
                 reported[result.name] = result
         ledger = self.ledger
-        local, budget = ledger.out.is_local, STORE_LOOKS_PER_ROUND
+        local, budget, now = ledger.out.is_local, STORE_LOOKS_PER_ROUND, time.monotonic()
+        sweep = sweep_due(now, ledger.swept_at, STORE_SWEEP_S)
         names, ledger.look_cursor = shards_to_look_at(
-            list(ledger.inflight), set(reported), local, budget, ledger.look_cursor
+            list(ledger.inflight), set(reported), local, budget, ledger.look_cursor, sweep
         )
+        ledger.swept_at = now if sweep else ledger.swept_at
         for name in names:
             item = ledger.inflight[name]
             if ledger.exists(item.spec):
