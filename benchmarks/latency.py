@@ -123,7 +123,9 @@ def _rounds(
             out = work / f"out-{settings.reads_in_flight}-{variant.replace(' ', '')}-{repeat}"
             source = manifests["local" if variant == "local" else "s3"]
             cpu_before, started = _tree_cpu_s(workers_pid), time.monotonic()
-            report = extract_corpus(settings, source, RunFolder.of(out), ["embed"], WORKERS, 0, True)
+            report = extract_corpus(
+                settings, source, RunFolder.of(out), ["embed"], WORKERS, 0, True
+            ).to_dict()
             wall = time.monotonic() - started
             cpu = _tree_cpu_s(workers_pid) - cpu_before
             audio_s = report["audio_seconds"]
@@ -207,7 +209,7 @@ def _output_rounds(
                 started = time.monotonic()
                 report = extract_corpus(
                     run_settings, manifest, RunFolder.of(out), ["embed"], WORKERS, 0, True
-                )
+                ).to_dict()
                 wall = time.monotonic() - started
             merge_s, requests = (sum(m) for m in zip(*merges, strict=True))
             shards = len(RunFolder.of(out).shard_files())

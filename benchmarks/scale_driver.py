@@ -70,7 +70,7 @@ def main() -> None:
     settings = Settings.load().model_copy(update={"model_dir": args.models, "broker_url": None})
     report = run.extract_corpus(
         settings, args.source, RunFolder.of(args.out), args.ops.split(","), args.workers, 0, quiet=True
-    )
+    ).to_dict()
     marks.setdefault("driver_peak_rss_mb", round(peak_rss_mb(), 1))  # a resume that did not merge
     marks["wall_s"] = round(time.time() - STARTED, 3)
     print(json.dumps({**marks, "report": {k: report.get(k) for k in ("utterances", "audio_seconds", "ops")}}))

@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 counter.counts.clear()
                 started, cpu_before = time.monotonic(), _self_cpu_s()
-                report = extract_corpus(settings, source, out, ["extract"], 2, PER_SHARD, quiet=True)
+                report = extract_corpus(
+                    settings, source, out, ["extract"], 2, PER_SHARD, quiet=True
+                ).to_dict()
                 wall = time.monotonic() - started
                 # This process holds the driver and the S3 server's threads: with S3, most of it is
                 # the server answering requests, on the same two cores as the workers.

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
@@ -20,6 +20,7 @@ from pipeline.settings import Settings
 
 if TYPE_CHECKING:
     from pipeline.outputs.folder import RunFolder
+    from pipeline.outputs.report import RunReport
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -109,7 +110,7 @@ def check_where_it_runs(
         )
 
 
-def other_models_notice(settings: Settings, ops: Sequence[str], report: dict[str, Any]) -> None:
+def other_models_notice(settings: Settings, ops: Sequence[str], report: RunReport) -> None:
     """A note when a run's local workers (the model folder's models) found rows other models made."""
     from workers.corpus.plan import RunError
     from workers.extract import current_model_sha256, other_models_note
@@ -614,14 +615,14 @@ def demo(
     out.print("errors.jsonl names the broken clip; `make demo` again resumes (every shard is already done).")
 
 
-def print_outputs(out_dir: RunFolder, report: dict[str, Any]) -> None:
+def print_outputs(out_dir: RunFolder, report: RunReport) -> None:
     """The summary of a run and its output files, one per line (in a store, without asking it)."""
     from pipeline.outputs.folder import RunFolder
     from workers.corpus.progress import summary_line, summary_table
 
     out.print(summary_table(report, out_dir.display()))
     out.print(summary_line(report))
-    ops = set(report.get("ops", {}))
+    ops = set(report.ops)
     names = [RunFolder.SPEECH_TOKENS] if ops & {"tokenize", "extract"} else []
     names += [RunFolder.UTT_EMBEDDINGS, RunFolder.SPK_EMBEDDINGS] if ops & {"embed", "extract"} else []
     for name in (*names, RunFolder.UTT_STATS, RunFolder.ERRORS, RunFolder.REPORT):

@@ -27,14 +27,12 @@ from pipeline.corpus.reading import Source
 from pipeline.corpus.roots import corpus_roots
 from pipeline.errors import VoxmillError
 from pipeline.outputs.folder import RunFolder
+from pipeline.outputs.report import RunReport
 from pipeline.settings import Settings
 from workers.corpus.cluster import Cluster, EmbeddedCluster, RemoteCluster
 from workers.corpus.lock import lock_output
 from workers.corpus.plan import Planner, PlanReader, RunError, task_ops
 from workers.heartbeat import WorkerRecord, read_worker_records
-
-# What a report says of the extraction itself; a re-merge (other filters, nothing extracted) keeps them.
-EXTRACTION_KEYS = ("wall_seconds", "resubmitted_shards", "given_up_shards")
 
 
 def extract_corpus(
@@ -46,7 +44,7 @@ def extract_corpus(
     shard_size: int,
     quiet: bool = False,
     quality: QualityFilter | None = None,
-) -> dict[str, Any]:
+) -> RunReport:
     """`voxmill extract`; returns `report.json`'s content. `RunError` when the run cannot go on.
 
     `shard_size` 0: automatic (see `Planner`), for `workers` local processes, or with a broker for
@@ -148,13 +146,13 @@ def run_corpus(
     extra_report: dict[str, Any] | None = None,
     started: float | None = None,
     quality: QualityFilter | None = None,
-) -> dict[str, Any]:
+) -> RunReport:
     """Drive the plan on `cluster` to the end, stop the cluster, merge the outputs; the report.
 
     `wall_seconds` counts from `started` (a `time.monotonic()` value; default: now). A resumed run
     that found every shard done and the outputs merged with the same filters returns the report
-    it finds; with other filters it merges again and keeps the extraction's `EXTRACTION_KEYS`,
-    the re-merge's own time being `remerge_wall_seconds`.
+    it finds; with other filters it merges again and keeps the extraction's wall time and shards
+    sent again or given up, the re-merge's own time being `remerge_wall_seconds`.
     """
     from pipeline.outputs.merge import merge_outputs
     from pipeline.storage.prefetch import ReadAhead
@@ -185,20 +183,22 @@ def run_corpus(
     earlier = merged_report(out_dir, planner.fingerprint) if driver.ledger.done_now == 0 else None
     if earlier is not None and same_filters(earlier, quality):
         return earlier
-    extra = {"wall_seconds": round(time.monotonic() - started, 3), **(extra_report or {})}
-    extra["resubmitted_shards"] = driver.ledger.resubmitted
+    report = RunReport(wall_seconds=round(time.monotonic() - started, 3), extra=dict(extra_report or {}))
+    report.resubmitted_shards = driver.ledger.resubmitted
     if driver.ledger.given_up:  # shards sent shard_max_attempts times without their file: failed
-        extra["given_up_shards"] = driver.ledger.given_up
+        report.given_up_shards = driver.ledger.given_up
     if earlier is not None:  # a re-merge with other filters extracted nothing: the extraction's
-        extra["remerge_wall_seconds"] = extra["wall_seconds"]  # numbers stay (speed, wall time)
-        extra.update({key: earlier[key] for key in EXTRACTION_KEYS if key in earlier})
-    extra["plan_fingerprint"] = planner.fingerprint
+        report.remerge_wall_seconds = report.wall_seconds  # numbers stay (speed, wall time)
+        report.wall_seconds = earlier.wall_seconds
+        report.resubmitted_shards = earlier.resubmitted_shards
+        report.given_up_shards = earlier.given_up_shards
+    report.plan_fingerprint = planner.fingerprint
     buffer_rows = cluster.settings.merge_buffer_rows
     read_ahead = ReadAhead(settings.reads_in_flight, settings.read_ahead_bytes)  # a store's shard files
     try:
         reader = PlanReader(out_dir)
         specs, asked = reader.specs(), reader.header().ops
-        return merge_outputs(out_dir, specs, extra, buffer_rows, quality, asked, read_ahead)
+        return merge_outputs(out_dir, specs, report, buffer_rows, quality, asked, read_ahead)
     except VoxmillError as exc:
         raise RunError(exc.message) from None
 
@@ -221,13 +221,13 @@ def current_model_sha256(settings: Settings, ops: Sequence[str]) -> dict[str, st
     return current
 
 
-def other_models_note(report: dict[str, Any], current: dict[str, str], model_dir: Path | str) -> str | None:
+def other_models_note(report: RunReport, current: dict[str, str], model_dir: Path | str) -> str | None:
     """What a run says when rows of its outputs were made by other models than `current` ({role:
     sha256} of the model folder): a rerun with other models keeps the rows it finds, even all of
     them ("all done by an earlier run"). None when every row is the current models'."""
     from pipeline.outputs.writers import made_by_other_models
 
-    found = report_sha256s(report)
+    found = report.sha256s()
     if not made_by_other_models(found, current):
         return None
     said = "; ".join(
@@ -241,16 +241,6 @@ def other_models_note(report: dict[str, Any], current: dict[str, str], model_dir
         "are kept as they are: run again with --redo-mixed to delete the shards other models made "
         "and redo them"
     )
-
-
-def report_sha256s(report: dict[str, Any]) -> dict[str, set[str]]:
-    """{role: every model sha256 the merged rows name} of a report (`models`, `models_mixed`)."""
-    found: dict[str, set[str]] = {}
-    for role, ref in (report.get("models") or {}).items():
-        found.setdefault(role, set()).add(str(ref.get("sha256", "")))
-    for role, refs in (report.get("models_mixed") or {}).items():
-        found.setdefault(role, set()).update(str(ref.get("sha256", "")) for ref in refs)
-    return {role: shas - {""} for role, shas in found.items() if shas - {""}}
 
 
 def drop_mixed_shards(out_dir: RunFolder, current: dict[str, str]) -> list[str]:
@@ -270,7 +260,7 @@ def drop_mixed_shards(out_dir: RunFolder, current: dict[str, str]) -> list[str]:
     return dropped
 
 
-def merged_report(out_dir: RunFolder, fingerprint: str) -> dict[str, Any] | None:
+def merged_report(out_dir: RunFolder, fingerprint: str) -> RunReport | None:
     """The report of outputs already merged from this very plan, whatever their filters (report.json
     is written last)."""
     import json
@@ -279,15 +269,15 @@ def merged_report(out_dir: RunFolder, fingerprint: str) -> dict[str, Any] | None
     try:
         if not out.exists(RunFolder.REPORT):
             return None
-        report: dict[str, Any] = json.loads(out.read_bytes(RunFolder.REPORT))
-    except (OSError, ValueError, VoxmillError):
+        report = RunReport.from_dict(json.loads(out.read_bytes(RunFolder.REPORT)))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, VoxmillError):
         return None
-    return report if report.get("plan_fingerprint") == fingerprint else None
+    return report if report.plan_fingerprint == fingerprint else None
 
 
-def same_filters(report: dict[str, Any], quality: QualityFilter) -> bool:
+def same_filters(report: RunReport, quality: QualityFilter) -> bool:
     """Whether a merged report's outputs were filtered as `quality` filters."""
     filters = quality.to_dict() if quality.active else None
-    found = report.get("filters")
+    found = report.filters
     found = {k: v for k, v in found.items() if k != "filtered_utterances"} if found else None
     return found == filters

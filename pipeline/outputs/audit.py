@@ -32,6 +32,7 @@ import numpy as np
 from pipeline import errors
 from pipeline.errors import VoxmillError
 from pipeline.outputs.folder import RunFolder
+from pipeline.outputs.report import RunReport
 from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER
 from pipeline.settings import AudioLimits, Settings
 
@@ -325,9 +326,7 @@ def read_stored_rows(out_dir: RunFolder) -> dict[str, StoredRow]:
 def _report_sha256(out_dir: RunFolder) -> dict[str, str]:
     """{role: sha256} of the run's models from report.json, for roles that did not change mid-run."""
     try:
-        report = json.loads(out_dir.location.read_bytes(RunFolder.REPORT))
-    except (OSError, ValueError, VoxmillError):
+        report = RunReport.from_dict(json.loads(out_dir.location.read_bytes(RunFolder.REPORT)))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, VoxmillError):
         return {}
-    mixed = report.get("models_mixed") or {}
-    models = report.get("models") or {}
-    return {role: str(ref["sha256"]) for role, ref in models.items() if role not in mixed and "sha256" in ref}
+    return {role: ref.sha256 for role, ref in report.models.items() if role not in report.models_mixed}

@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 from pipeline.audio.quality import STAT_FIELDS, QualityFilter
 from pipeline.errors import FILTERED, OUTPUT_ERROR, VoxmillError
 from pipeline.outputs.folder import RunFolder
+from pipeline.outputs.report import MixedModel, OpCounts, RunReport
 from pipeline.outputs.writers import (
     EMBEDDING_OPS,
     PROVENANCE_METADATA_KEY,
@@ -60,7 +61,7 @@ from pipeline.outputs.writers import (
     write_table_at,
     write_text_at,
 )
-from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, Utterance
+from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ModelRef, ShardSpec, Utterance
 from pipeline.storage.locations import OutputLocation
 from pipeline.storage.objects import Reserve
 from pipeline.storage.prefetch import ReadAhead, prefetch
@@ -216,24 +217,24 @@ class _Tally:
             votes = self.model_votes.setdefault(role, {})
             votes[key] = votes.get(key, 0) + 1
 
-    def report(self) -> dict[str, Any]:
-        report: dict[str, Any] = {
-            "utterances": self.utterances,
-            "audio_seconds": round(self.audio_seconds, 6),
-            "wall_seconds": 0.0,
-            "ops": {op: dict(self.counts.get(op, {"ok": 0, "failed": 0})) for op in self.ops},
-            "models": {},
+    def fill(self, report: RunReport) -> None:
+        """The merge's part of `report`: counts, models, stats."""
+        report.utterances = self.utterances
+        report.audio_seconds = round(self.audio_seconds, 6)
+        report.ops = {op: OpCounts(**self.counts.get(op, {"ok": 0, "failed": 0})) for op in self.ops}
+        report.models = {role: refs[0].ref for role, refs in self.ranked_models().items()}
+        report.models_mixed = {role: refs for role, refs in self.ranked_models().items() if len(refs) > 1}
+        report.stats = self.histograms.percentiles()
+
+    def ranked_models(self) -> dict[str, list[MixedModel]]:
+        """{role: each model its rows name, with its shard files, most first (first seen wins ties)}."""
+        return {
+            role: [
+                MixedModel(ModelRef.from_dict(role, json.loads(key)), n)
+                for key, n in sorted(votes.items(), key=lambda kv: -kv[1])
+            ]
+            for role, votes in self.model_votes.items()
         }
-        mixed: dict[str, list[dict[str, Any]]] = {}
-        for role, votes in self.model_votes.items():
-            ranked = sorted(votes.items(), key=lambda kv: -kv[1])  # stable: first seen wins ties
-            report["models"][role] = json.loads(ranked[0][0])
-            if len(ranked) > 1:
-                mixed[role] = [{**json.loads(key), "shards": n} for key, n in ranked]
-        if mixed:
-            report["models_mixed"] = mixed
-        report["stats"] = self.histograms.percentiles()
-        return report
 
     def provenance(self) -> dict[str, Any]:
         """What produced the outputs: voxmill, each model (file, sha256, provider actually used,
@@ -246,7 +247,7 @@ class _Tally:
             voxmill = version("voxmill")
         except PackageNotFoundError:  # run from a source tree that was never installed
             voxmill = "unknown"
-        models = self.report()["models"]
+        models = {role: refs[0].ref.to_dict() for role, refs in self.ranked_models().items()}
         return {
             "voxmill": voxmill,
             "models": models,
@@ -307,13 +308,14 @@ class _Outputs:
 def merge_outputs(
     out_dir: RunFolder,
     specs: Iterable[ShardSpec],
-    report_extra: dict[str, Any],
+    report: RunReport,
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     quality: QualityFilter | None = None,
     ops: Sequence[str] | None = None,
     read_ahead: ReadAhead | None = None,
-) -> dict[str, Any]:
-    """Merge the shard files of `specs` (the plan's, in shard order) into the outputs; the report.
+) -> RunReport:
+    """Merge the shard files of `specs` (the plan's, in shard order) into the outputs; `report`
+    (the run's own numbers set by the caller) filled in and written as `report.json`.
 
     `ops`: what the run was asked for, when its tasks ran them together: an `extract` shard file
     then counts, and lists its failures, for each of them (`tokenize` and `embed`).
@@ -346,12 +348,11 @@ def merge_outputs(
         spk = outputs.speakers.table()
         spk = spk.replace_schema_metadata({PROVENANCE_METADATA_KEY: json.dumps(provenance, sort_keys=True)})
         write_table_at(out, RunFolder.SPK_EMBEDDINGS, spk)
-    report = tally.report()
-    report["provenance"] = provenance
+    tally.fill(report)
+    report.provenance = provenance
     if quality.active:
-        report["filters"] = {**quality.to_dict(), "filtered_utterances": tally.filtered}
-    report.update(report_extra)
-    write_text_at(out, RunFolder.REPORT, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        report.filters = {**quality.to_dict(), "filtered_utterances": tally.filtered}
+    write_text_at(out, RunFolder.REPORT, json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
     return report
 
 

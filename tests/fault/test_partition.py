@@ -154,7 +154,9 @@ def test_a_worker_cut_off_from_redis_for_60_s_resumes_and_answers_once(
 
         try:
             folder = RunFolder.of(out)
-            run["report"] = extract_corpus(direct, fault_corpus, folder, ["embed"], 2, SHARD_SIZE, True)
+            run["report"] = extract_corpus(
+                direct, fault_corpus, folder, ["embed"], 2, SHARD_SIZE, True
+            ).to_dict()
         except BaseException as exc:
             run["error"] = exc
 

@@ -134,7 +134,7 @@ def test_primary_killed_mid_run_the_replica_takes_over(
         try:
             run["report"] = extract_corpus(
                 settings, fault_corpus, RunFolder.of(out), ["tokenize", "embed"], 2, SHARD_SIZE, True
-            )
+            ).to_dict()
         except BaseException as exc:
             run["error"] = exc
 

@@ -101,7 +101,7 @@ def test_the_corpus_driver_wakes_on_shard_announcements_not_on_its_read_interval
     corpus = make_audio_folder(scratch / "announced-corpus", 6, 1.0, 2.0, seed=11)
     started = time.monotonic()
     out = RunFolder.of(scratch / "announced-out")
-    report = extract_corpus(settings, corpus, out, ["embed"], 2, 1, quiet=True)
+    report = extract_corpus(settings, corpus, out, ["embed"], 2, 1, quiet=True).to_dict()
     assert report["ops"]["embed"]["ok"] == 6
     assert time.monotonic() - started < 45
 

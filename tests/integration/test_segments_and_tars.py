@@ -78,7 +78,7 @@ def test_segments_and_cuts_give_each_segment_the_features_of_its_clip(worker_set
         stream.write(json.dumps(cut) + "\n")
     report = extract_corpus(
         worker_settings, tmp_path / "cuts.jsonl.gz", RunFolder.of(tmp_path / "cuts-out"), OPS, 1, 2, True
-    )
+    ).to_dict()
     assert report["utterances"] == 4
     assert report["audio_seconds"] == pytest.approx(len(mono) / 16000, abs=1e-3)
     for name in ("speech_tokens.parquet", "utt_embeddings.parquet"):
@@ -96,7 +96,7 @@ def test_segments_and_cuts_give_each_segment_the_features_of_its_clip(worker_set
         "".join(f"{n} rec1 {b[0]:.6f} {b[1]:.6f}\n" for n, b in zip(names, bounds, strict=True))
     )
     out = RunFolder.of(tmp_path / "kaldi-out")
-    report = extract_corpus(worker_settings, tmp_path / "kaldi", out, OPS, 1, 2, True)
+    report = extract_corpus(worker_settings, tmp_path / "kaldi", out, OPS, 1, 2, True).to_dict()
     ref, got = (
         _rows(tmp_path / "ref", "speech_tokens.parquet"),
         _rows(tmp_path / "kaldi-out", "speech_tokens.parquet"),
@@ -130,7 +130,7 @@ def test_local_tar_shards_match_their_files_and_a_broken_member_fails_alone(
                 info.size = len(junk)
                 tar.addfile(info, io.BytesIO(junk))
     out = RunFolder.of(tmp_path / "tar-out")
-    report = extract_corpus(worker_settings, tmp_path / "tars", out, OPS, 1, 0, quiet=True)
+    report = extract_corpus(worker_settings, tmp_path / "tars", out, OPS, 1, 0, quiet=True).to_dict()
     assert report["utterances"] == 7 and report["ops"]["tokenize"] == {"ok": 6, "failed": 1}
     errors = [json.loads(line) for line in (tmp_path / "tar-out" / "errors.jsonl").read_text().splitlines()]
     assert {(e["utt"], e["op"], e["code"]) for e in errors} == {("broken", op, "unreadable") for op in OPS}

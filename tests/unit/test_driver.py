@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import INTERNAL, OUTPUT_ERROR, ErrorRecord
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
+from pipeline.outputs.report import RunReport
 from pipeline.outputs.writers import write_given_up_shard, write_shard
 from pipeline.records import ModelRef, ShardSpec, TaskResult, Utterance
 from workers.corpus.driver import InFlight, given_up_reason, judge_late, late_shards
@@ -72,7 +73,7 @@ def test_the_merge_counts_a_given_up_shard_failed_even_beside_a_late_shard_file(
     path = write_given_up_shard(RunFolder.of(tmp_path), specs[1], OUTPUT_ERROR, "given up")
     assert str(path).endswith(RunFolder.given_up_file("embed", 1))
     assert pq.read_table(path).column("error_code").to_pylist() == [OUTPUT_ERROR, OUTPUT_ERROR]
-    report = merge_outputs(RunFolder.of(tmp_path), specs, {})
+    report = merge_outputs(RunFolder.of(tmp_path), specs, RunReport()).to_dict()
     assert report["ops"] == {"embed": {"ok": 2, "failed": 2}}
     errors = (tmp_path / "errors.jsonl").read_text().splitlines()
     assert [e.split('"code"')[0] for e in errors] == [
@@ -93,7 +94,7 @@ def test_a_given_up_tar_shard_fails_what_another_ops_file_of_the_tar_held(tmp_pa
     folder = RunFolder.of(tmp_path)
     write_shard(folder, tokenize, results, held)
     write_given_up_shard(folder, embed, INTERNAL, "given up after 4 attempt(s)")  # one row: the tar
-    report = merge_outputs(folder, [tokenize, embed], {})
+    report = merge_outputs(folder, [tokenize, embed], RunReport()).to_dict()
     assert report["ops"] == {"tokenize": {"ok": 3, "failed": 0}, "embed": {"ok": 0, "failed": 3}}
     errors = (tmp_path / "errors.jsonl").read_text().splitlines()
     assert len(errors) == 3 and all('"embed", "code": "internal"' in e for e in errors)

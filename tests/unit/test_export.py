@@ -16,6 +16,7 @@ from pipeline.errors import BAD_REQUEST, ErrorRecord, VoxmillError
 from pipeline.outputs.export import NothingToExport, export_cosyvoice
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
+from pipeline.outputs.report import RunReport
 from pipeline.outputs.writers import write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
 
@@ -68,7 +69,7 @@ def corpus(tmp_path: Path) -> tuple[Path, Path]:
         ]
         write_shard(RunFolder.of(features), spec, results)
         specs.append(spec)
-    merge_outputs(RunFolder.of(features), specs, {})
+    merge_outputs(RunFolder.of(features), specs, RunReport())
     return data, features
 
 

@@ -14,6 +14,7 @@ import pytest
 from pipeline.errors import OUTPUT_ERROR, ErrorRecord, VoxmillError
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs, reads_ahead, windows
+from pipeline.outputs.report import RunReport
 from pipeline.outputs.writers import write_given_up_shard, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance, models_from_dict
 from pipeline.storage.prefetch import ReadAhead
@@ -113,7 +114,7 @@ def test_a_local_folder_merges_the_same_bytes_with_read_ahead_given(tmp_path: Pa
     specs = write_run(folder, shards=6)
     merged = []
     for read_ahead in (None, ReadAhead(in_flight=4, budget_bytes=1)):
-        merge_outputs(folder, specs, {}, buffer_rows=7, read_ahead=read_ahead)
+        merge_outputs(folder, specs, RunReport(), buffer_rows=7, read_ahead=read_ahead)
         merged.append(output_bytes(lambda name: (tmp_path / name).read_bytes()))
     assert merged[0] == merged[1]
 
@@ -123,7 +124,7 @@ def test_a_missing_local_shard_file_says_what_it_always_said(tmp_path: Path) -> 
     specs = write_run(folder, shards=4)
     (tmp_path / RunFolder.shard_file("tokenize", 1)).unlink()
     with pytest.raises(VoxmillError) as caught:
-        merge_outputs(folder, specs, {}, read_ahead=ReadAhead(in_flight=4))
+        merge_outputs(folder, specs, RunReport(), read_ahead=ReadAhead(in_flight=4))
     missing = tmp_path / RunFolder.shard_file("tokenize", 1)
     assert caught.value.code == OUTPUT_ERROR
     assert caught.value.message == f"shard file {missing} is missing"

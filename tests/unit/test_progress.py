@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from pipeline.outputs.report import RunReport
 from pipeline.units import audio_amount
 from workers.corpus.hooks import Counts
 from workers.corpus.progress import summary_line
@@ -38,7 +39,8 @@ def test_totals_unknown_until_the_listing_is_read_and_the_speed_counts_this_runs
 
 
 def test_the_summary_line_says_minutes_for_a_short_corpus() -> None:
-    assert summary_line({"utterances": 14, "audio_seconds": 95.0, "wall_seconds": 3.21}) == (
+    report = RunReport.from_dict({"utterances": 14, "audio_seconds": 95.0, "wall_seconds": 3.21})
+    assert summary_line(report) == (
         "14 utterances, 1.6 min of audio in 3.2 s"
     )
 
@@ -64,13 +66,15 @@ def test_a_resumed_run_counts_the_audio_an_earlier_run_did_but_not_towards_its_s
 def test_the_summary_table_says_how_many_of_its_failures_the_filters_left_out() -> None:
     from workers.corpus.progress import summary_table
 
-    report = {"ops": {"embed": {"ok": 11, "failed": 3}}, "filters": {"filtered_utterances": 2}}
+    found = {"ops": {"embed": {"ok": 11, "failed": 3}}, "filters": {"filtered_utterances": 2}}
+    report = RunReport.from_dict(found)
     assert summary_table(report, "out").caption == "failed includes 2 utterance(s) left out by the filters"
-    assert summary_table({"ops": {"embed": {"ok": 13, "failed": 1}}}, "out").caption is None
+    unfiltered = RunReport.from_dict({"ops": {"embed": {"ok": 13, "failed": 1}}})
+    assert summary_table(unfiltered, "out").caption is None
 
 
 def test_the_summary_line_keeps_the_extractions_time_after_a_re_merge() -> None:
     report = {"utterances": 14, "audio_seconds": 68.8, "wall_seconds": 1.1, "remerge_wall_seconds": 0.5}
-    assert summary_line(report) == (
+    assert summary_line(RunReport.from_dict(report)) == (
         "14 utterances, 1.1 min of audio in 1.1 s; filters applied anew in 0.5 s (nothing extracted)"
     )

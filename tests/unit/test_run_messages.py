@@ -7,9 +7,10 @@ from pathlib import Path
 
 from pipeline.errors import FORBIDDEN_PATH, OUTPUT_ERROR, ErrorRecord
 from pipeline.outputs.folder import RunFolder
+from pipeline.outputs.report import RunReport
 from pipeline.records import ShardResult
 from workers.corpus.driver import run_ending_failure
-from workers.extract import other_models_note, report_sha256s, unusable_output
+from workers.extract import other_models_note, unusable_output
 
 OLD, NEW = "a" * 64, "b" * 64
 
@@ -38,18 +39,26 @@ def test_workers_on_a_broker_that_may_not_write_the_output_say_why_the_run_is_th
 
 
 def test_rows_of_other_models_than_the_folders_are_named_with_the_fix() -> None:
-    report = {"models": {"tokenizer": {"sha256": OLD}, "embedder": {"sha256": NEW}}}
-    assert report_sha256s(report) == {"tokenizer": {OLD}, "embedder": {NEW}}
+    tokenizer, embedder = {"file": "t.onnx", "sha256": OLD}, {"file": "c.onnx", "sha256": NEW}
+    report = RunReport.from_dict({"models": {"tokenizer": tokenizer, "embedder": embedder}})
+    assert report.sha256s() == {"tokenizer": {OLD}, "embedder": {NEW}}
     note = other_models_note(report, {"tokenizer": NEW, "embedder": NEW}, "models2")
     assert note is not None and "other models than those in models2" in note
     assert f"tokenizer {OLD[:12]} in the rows, {NEW[:12]} in the folder" in note and "embedder" not in note
     assert "--redo-mixed" in note
     assert other_models_note(report, {"tokenizer": OLD, "embedder": NEW}, "models") is None
     # a run that spanned a change: the minority model is in models_mixed
-    mixed = {
-        "models": {"embedder": {"sha256": NEW}},
-        "models_mixed": {"embedder": [{"sha256": NEW, "shards": 3}, {"sha256": OLD, "shards": 1}]},
-    }
-    assert report_sha256s(mixed) == {"embedder": {NEW, OLD}}
+    mixed = RunReport.from_dict(
+        {
+            "models": {"embedder": {"file": "c.onnx", "sha256": NEW}},
+            "models_mixed": {
+                "embedder": [
+                    {"file": "c.onnx", "sha256": NEW, "shards": 3},
+                    {"file": "c.onnx", "sha256": OLD, "shards": 1},
+                ]
+            },
+        }
+    )
+    assert mixed.sha256s() == {"embedder": {NEW, OLD}}
     assert other_models_note(mixed, {"embedder": NEW}, "models") is not None
-    assert other_models_note({"models": {}}, {"embedder": NEW}, "models") is None
+    assert other_models_note(RunReport.from_dict({"models": {}}), {"embedder": NEW}, "models") is None

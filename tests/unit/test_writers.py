@@ -18,6 +18,7 @@ from pipeline.errors import OUTPUT_ERROR, ErrorRecord, VoxmillError
 from pipeline.outputs import writers
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs, speaker_means
+from pipeline.outputs.report import RunReport
 from pipeline.outputs.writers import read_shard, shard_counts, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance, models_from_dict
 from pipeline.storage import locations
@@ -223,7 +224,8 @@ def _run(tmp_path: Path, ops: tuple[str, ...] = ("tokenize", "embed")) -> list[S
 
 def test_merge_writes_typed_outputs_in_shard_order(tmp_path: Path) -> None:
     specs = _run(tmp_path)
-    report = merge_outputs(RunFolder.of(tmp_path), specs, {"wall_seconds": 12.5, "fingerprint": "f"})
+    run = RunReport(wall_seconds=12.5, extra={"fingerprint": "f"})
+    report = merge_outputs(RunFolder.of(tmp_path), specs, run).to_dict()
     tokens = pq.read_table(tmp_path / "speech_tokens.parquet")
     assert tokens.schema.names == ["utt", "speech_token", "model_sha256"]
     assert tokens.column("model_sha256").to_pylist() == [TOK["tokenizer"]["sha256"]] * 4
@@ -278,7 +280,7 @@ def test_merge_writes_typed_outputs_in_shard_order(tmp_path: Path) -> None:
 
 
 def test_merge_only_writes_the_outputs_of_the_ops_that_ran(tmp_path: Path) -> None:
-    report = merge_outputs(RunFolder.of(tmp_path), _run(tmp_path, ("embed",)), {})
+    report = merge_outputs(RunFolder.of(tmp_path), _run(tmp_path, ("embed",)), RunReport()).to_dict()
     assert not (tmp_path / "speech_tokens.parquet").exists()
     assert (tmp_path / "utt_embeddings.parquet").exists() and (tmp_path / "spk_embeddings.parquet").exists()
     assert list(report["ops"]) == ["embed"] and report["models"] == EMB
@@ -286,7 +288,7 @@ def test_merge_only_writes_the_outputs_of_the_ops_that_ran(tmp_path: Path) -> No
 
 
 def test_merge_extract_op_writes_tokens_and_embeddings(tmp_path: Path) -> None:
-    report = merge_outputs(RunFolder.of(tmp_path), _run(tmp_path, ("extract",)), {})
+    report = merge_outputs(RunFolder.of(tmp_path), _run(tmp_path, ("extract",)), RunReport()).to_dict()
     assert pq.read_table(tmp_path / "speech_tokens.parquet").num_rows == 3
     assert pq.read_table(tmp_path / "utt_embeddings.parquet").num_rows == 3
     assert report["ops"] == {"extract": {"ok": 3, "failed": 2}}
@@ -294,7 +296,7 @@ def test_merge_extract_op_writes_tokens_and_embeddings(tmp_path: Path) -> None:
 
 def test_merge_streams_in_bounded_row_groups(tmp_path: Path) -> None:
     specs = _run(tmp_path)
-    merge_outputs(RunFolder.of(tmp_path), specs, {}, buffer_rows=1)
+    merge_outputs(RunFolder.of(tmp_path), specs, RunReport(), buffer_rows=1)
     tokens = pq.ParquetFile(tmp_path / "speech_tokens.parquet")
     assert tokens.metadata.num_row_groups >= 2  # flushed as it went, not held for one write
     assert tokens.read().column("utt").to_pylist() == ["c", "a", "b", "d"]
@@ -304,7 +306,7 @@ def test_merge_missing_shard_is_output_error_naming_it(tmp_path: Path) -> None:
     specs = _run(tmp_path, ("tokenize",))
     (tmp_path / RunFolder.shard_file("tokenize", 1)).unlink()
     with pytest.raises(VoxmillError) as caught:
-        merge_outputs(RunFolder.of(tmp_path), specs, {})
+        merge_outputs(RunFolder.of(tmp_path), specs, RunReport())
     assert caught.value.code == OUTPUT_ERROR
     assert "tokenize-000001.parquet" in caught.value.message
     assert not (tmp_path / "report.json").exists()
@@ -314,7 +316,7 @@ def test_merge_refuses_a_shard_file_from_another_plan(tmp_path: Path) -> None:
     specs = _run(tmp_path, ("tokenize",))
     stale = ShardSpec(shard=0, op="tokenize", out_dir=str(tmp_path), utts=[_utt("zz", "s9")])
     with pytest.raises(VoxmillError) as caught:
-        merge_outputs(RunFolder.of(tmp_path), [stale, specs[1]], {})
+        merge_outputs(RunFolder.of(tmp_path), [stale, specs[1]], RunReport())
     assert caught.value.code == OUTPUT_ERROR and "'zz'" in caught.value.message
 
 
@@ -326,7 +328,7 @@ def test_merge_reports_mixed_models_across_shards(tmp_path: Path) -> None:
     for spec in specs[1:]:
         result = _ok("embed", spec.utts[0].utt)
         write_shard(RunFolder.of(tmp_path), spec, [TaskResult.from_dict({**result.to_dict(), "models": new})])
-    report = merge_outputs(RunFolder.of(tmp_path), specs, {})
+    report = merge_outputs(RunFolder.of(tmp_path), specs, RunReport()).to_dict()
     assert report["models"] == new
     assert report["models_mixed"]["embedder"][0] == {**new["embedder"], "shards": 2}
 
@@ -357,7 +359,7 @@ def _stats_run(tmp_path: Path) -> list[ShardSpec]:
 
 
 def test_merge_writes_utt_stats_their_percentiles_and_provenance_in_every_file(tmp_path: Path) -> None:
-    report = merge_outputs(RunFolder.of(tmp_path), _stats_run(tmp_path), {})
+    report = merge_outputs(RunFolder.of(tmp_path), _stats_run(tmp_path), RunReport()).to_dict()
     stats = pq.read_table(tmp_path / "utt_stats.parquet")
     assert stats.schema.names[:2] == ["utt", "spk"] and "speech_ratio" in stats.schema.names
     assert stats.column("utt").to_pylist() == ["a", "b", "c"]
@@ -383,7 +385,8 @@ def test_a_quality_filter_leaves_utterances_out_and_lists_them_with_the_reason(t
     from pipeline.audio.quality import QualityFilter
 
     quality = QualityFilter(min_speech_ratio=0.3)
-    report = merge_outputs(RunFolder.of(tmp_path), _stats_run(tmp_path), {}, quality=quality)
+    folder = RunFolder.of(tmp_path)
+    report = merge_outputs(folder, _stats_run(tmp_path), RunReport(), quality=quality).to_dict()
     assert pq.read_table(tmp_path / "speech_tokens.parquet").column("utt").to_pylist() == ["a", "c"]
     assert pq.read_table(tmp_path / "utt_embeddings.parquet").column("utt").to_pylist() == ["a", "c"]
     assert pq.read_table(tmp_path / "spk_embeddings.parquet").column("num_utts").to_pylist() == [1, 1]
@@ -414,7 +417,7 @@ def test_a_shard_made_by_another_model_is_told_by_its_rows(tmp_path: Path) -> No
 def test_merge_of_a_run_whose_every_utterance_failed_writes_empty_outputs(tmp_path: Path) -> None:
     spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt("a", "s")])
     write_shard(RunFolder.of(tmp_path), spec, [_failed("embed", "a")])
-    report = merge_outputs(RunFolder.of(tmp_path), [spec], {})
+    report = merge_outputs(RunFolder.of(tmp_path), [spec], RunReport()).to_dict()
     assert report["ops"]["embed"] == {"ok": 0, "failed": 1}
     assert pq.read_table(tmp_path / "spk_embeddings.parquet").num_rows == 0
 
@@ -433,7 +436,7 @@ def test_a_too_short_clips_stats_row_holds_what_is_known(tmp_path: Path) -> None
     assert result.error is not None and result.error.code == "too_short"
     spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[utt])
     write_shard(RunFolder.of(tmp_path), spec, [result])
-    merge_outputs(RunFolder.of(tmp_path), [spec], {})
+    merge_outputs(RunFolder.of(tmp_path), [spec], RunReport())
     (row,) = pq.read_table(tmp_path / "utt_stats.parquet").to_pylist()
     assert row["duration_s"] == 0.042 and row["source_rate_hz"] == 32000 and row["source_channels"] == 1
     assert row["source_codec"] == "FLAC/PCM_16" and row["peak_dbfs"] == pytest.approx(-6.02, abs=0.05)
@@ -460,8 +463,9 @@ def test_an_extract_shard_run_for_both_ops_merges_as_the_two_ops_would(tmp_path:
 
     two, one = tmp_path / "two", tmp_path / "one"
     two.mkdir(), one.mkdir()
-    apart = merge_outputs(RunFolder.of(two), run(two, ("tokenize", "embed")), {})
-    together = merge_outputs(RunFolder.of(one), run(one, ("extract",)), {}, ops=["tokenize", "embed"])
+    apart = merge_outputs(RunFolder.of(two), run(two, ("tokenize", "embed")), RunReport()).to_dict()
+    both = ["tokenize", "embed"]
+    together = merge_outputs(RunFolder.of(one), run(one, ("extract",)), RunReport(), ops=both).to_dict()
     assert (
         together["ops"]
         == apart["ops"]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pipeline.outputs.report import RunReport
 from pipeline.units import audio_amount
 from workers.corpus.hooks import Counts, RunHooks, RunRound
 
@@ -75,26 +75,25 @@ class ProgressView(RunHooks):
             print(f"extract: {self.counts.line(self.asked)}", file=sys.stderr, flush=True)
 
 
-def summary_table(report: dict[str, Any], out_dir: str) -> Table:
+def summary_table(report: RunReport, out_dir: str) -> Table:
     """The final summary: per op ok/failed, audio, wall time, where the files are."""
-    filtered = (report.get("filters") or {}).get("filtered_utterances") or 0
+    filtered = report.filtered_utterances
     # The progress line counts what the workers failed; the filters apply after, at the merge.
     caption = f"failed includes {filtered} utterance(s) left out by the filters" if filtered else None
     table = Table(title=f"voxmill extract → {out_dir}", caption=caption)
     table.add_column("op")
     table.add_column("ok", justify="right")
     table.add_column("failed", justify="right")
-    for op, counts in report.get("ops", {}).items():
-        table.add_row(op, str(counts.get("ok", 0)), str(counts.get("failed", 0)))
+    for op, counts in report.ops.items():
+        table.add_row(op, str(counts.ok), str(counts.failed))
     return table
 
 
-def summary_line(report: dict[str, Any]) -> str:
+def summary_line(report: RunReport) -> str:
     """Utterances, audio and wall time of a finished run (the extraction's, after a re-merge with
     other filters, which is said apart)."""
-    audio = audio_amount(report.get("audio_seconds", 0.0))
-    wall_s = report.get("wall_seconds", 0.0)
-    line = f"{report.get('utterances', 0)} utterances, {audio} of audio in {wall_s:.1f} s"
-    if "remerge_wall_seconds" in report:
-        line += f"; filters applied anew in {report['remerge_wall_seconds']:.1f} s (nothing extracted)"
+    audio = audio_amount(report.audio_seconds)
+    line = f"{report.utterances} utterances, {audio} of audio in {report.wall_seconds:.1f} s"
+    if report.remerge_wall_seconds is not None:
+        line += f"; filters applied anew in {report.remerge_wall_seconds:.1f} s (nothing extracted)"
     return line

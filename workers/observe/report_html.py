@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from pipeline.outputs.folder import RunFolder
+from pipeline.outputs.report import RunReport
 
 WIDTH, HEIGHT = 540, 300
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 56, 16, 34, 46
@@ -418,13 +419,18 @@ def render_text(data: ReportData, errors_path: str = RunFolder.ERRORS) -> str:
 def load_report_data(out_dir: Path) -> ReportData:
     """The page's data from an output folder (module docstring); missing files leave parts empty."""
     out_dir = Path(out_dir)
-    report = _read_json(out_dir / RunFolder.REPORT)
-    keys = ("utterances", "audio_seconds", "wall_seconds", "ops", "remerge_wall_seconds")
-    data = ReportData(
-        title=f"voxmill run: {out_dir.resolve().name}",
-        models=dict(report.get("models") or {}),
-        summary={k: report.get(k) for k in keys},
-    )
+    found = _read_json(out_dir / RunFolder.REPORT)
+    report = RunReport.from_dict(found) if found else None
+    data = ReportData(title=f"voxmill run: {out_dir.resolve().name}")
+    if report is not None:
+        data.models = {role: ref.to_dict() for role, ref in report.models.items()}
+        data.summary = {
+            "utterances": report.utterances,
+            "audio_seconds": report.audio_seconds,
+            "wall_seconds": report.wall_seconds,
+            "ops": {op: counts.to_dict() for op, counts in report.ops.items()},
+            "remerge_wall_seconds": report.remerge_wall_seconds,
+        }
     failed_utts = _read_failures(out_dir / RunFolder.ERRORS, data)
     stats, speakers, done = _read_shards(sorted((out_dir / RunFolder.SHARDS).glob("*.parquet")))
     data.durations_s = [d for d, _ in stats.values() if d is not None]
@@ -440,7 +446,7 @@ def load_report_data(out_dir: Path) -> ReportData:
         data.utts_per_speaker[name] = data.utts_per_speaker.get(name, 0) + 1
         if utt in failed_utts:
             data.failed_per_speaker[name] = data.failed_per_speaker.get(name, 0) + 1
-    data.progress = _progress(done, out_dir / RunFolder.REPORT, report)
+    data.progress = _progress(done, out_dir / RunFolder.REPORT, report.wall_seconds if report else None)
     return data
 
 
@@ -509,7 +515,7 @@ def _read_shards(
 
 
 def _progress(
-    done: list[tuple[str, float, float]], report_path: Path, report: dict[str, Any]
+    done: list[tuple[str, float, float]], report_path: Path, wall: float | None
 ) -> dict[str, list[tuple[float, float]]]:
     """Per op, (seconds since the start, cumulative audio seconds) at each shard file, in time order.
 
@@ -519,7 +525,6 @@ def _progress(
     if not done:
         return {}
     start = min(written for _, written, _ in done)
-    wall = report.get("wall_seconds")
     if wall and report_path.exists():
         start = min(start, report_path.stat().st_mtime - float(wall))
     series: dict[str, list[tuple[float, float]]] = {}
