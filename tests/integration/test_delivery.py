@@ -70,7 +70,7 @@ def test_a_queue_nobody_consumes_is_refused_at_once_and_marked(
 def test_voxmill_submit_to_a_queue_nobody_consumes_exits_2_naming_the_command(
     start_worker, redis_url, tiny_models, audio_dir
 ) -> None:
-    """Needs `voxmill submit` to turn `NoConsumer` into exit 2 (workers/cli.py)."""
+    """Needs `voxmill submit` to turn `NoConsumer` into exit 2 (workers/cli/serve.py)."""
     settings = make_settings(redis_url, tiny_models, [audio_dir])
     start_worker(settings, concurrency=1, queues=("embed",))
     done = voxmill("submit", "extract", str(audio_dir / "chirp_3s.wav"), env=settings.to_env(), timeout=60)

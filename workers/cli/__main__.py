@@ -1,0 +1,5 @@
+"""`python -m workers.cli`."""
+
+from workers.cli import main
+
+main()
