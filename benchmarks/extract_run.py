@@ -82,8 +82,10 @@ def run_extract(
     shard_size: int | None = None,
     timeout_s: float = 3600,
     settings: dict[str, str] | None = None,
+    keep: bool = False,
 ) -> dict[str, Any]:
-    """One `voxmill extract` run in a fresh output folder (`settings`: `VOXMILL_*` variables)."""
+    """One `voxmill extract` run in a fresh output folder (`settings`: `VOXMILL_*` variables);
+    `keep`: the output and trace folders are left for the caller (`out_dir`, `trace_dir`)."""
     run_id = f"{'-'.join(ops)}-w{workers}-t{threads}-{uuid.uuid4().hex[:8]}"
     out_dir = RUNS_DIR / run_id
     trace_dir = RUNS_DIR / f"{run_id}-trace"
@@ -116,6 +118,8 @@ def run_extract(
         "memory_mb": sampler.peaks_by_kind() if sampler else {},
         "tree_peak_mb": round(sampler.total_peak_mb, 1) if sampler else None,
     }
+    if keep:
+        return {**result, "out_dir": str(out_dir), "trace_dir": str(trace_dir)}
     shutil.rmtree(out_dir, ignore_errors=True)
     shutil.rmtree(trace_dir, ignore_errors=True)
     return result

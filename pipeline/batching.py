@@ -7,12 +7,17 @@ first (len - 1) // 4 + 1 (at 25 Hz) are its own. Each clip's features are `token
 frame count and grouped under a frame budget and a batch cap (`plan_batches`), each batch runs
 once, and each clip gets its windows' tokens back, merged as `tokenize` merges them.
 
-Nothing here decides whether batching pays; the caller passes the budget and the cap.
+Where batching pays is `BatchRule` (by provider, from settings); `run_clips` is a shard's clips
+through it: each clip decoded and checked as `run_clip` does, its tokens from a batch of the
+clips near it, every other step and every error its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +25,72 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline import errors
+from pipeline.audio.decode import Segment
+from pipeline.audio.sources import Source
+from pipeline.audio.vad import SpeechCheck
 from pipeline.errors import VoxmillError
 from pipeline.features import HOP, SAMPLE_RATE_HZ
-from pipeline.inference import FloatArray, checked_tokens, log_mel_windows, merge_windows, warm_up
+from pipeline.inference import (
+    ClipRun,
+    FloatArray,
+    checked_tokens,
+    log_mel_windows,
+    merge_windows,
+    models_of,
+    run_op,
+    tokenizer_inputs,
+    warm_up,
+)
 from pipeline.models.options import SessionOptions
-from pipeline.models.registry import Registry
+from pipeline.models.providers import CPU
+from pipeline.models.registry import Registry, batch_name
 from pipeline.models.sessions import ModelSession
 from pipeline.models.signature import check_batch_signature
-from pipeline.records import ROLE_TOKENIZER
+from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES_BY_OP, TaskResult
+from pipeline.settings import AudioLimits, Settings
+
+log = logging.getLogger("voxmill.batching")
 
 FRAME_RATE_HZ = SAMPLE_RATE_HZ // HOP  # log-mel frames per second (100)
 # On the CPU a batch pays only for short clips (issue 33: 8 clips of 2 s 1.21x the throughput of
 # single runs, 5 s 1.0x, 10 s a loss): the default budget fills a batch of 8 with clips of 2 s.
 DEFAULT_MAX_BATCH = 8
 DEFAULT_FRAME_BUDGET = 8 * 200
+# On a GPU a batch always pays (issue 33: batch 1 leaves the device idle between launches).
+GPU_MAX_BATCH = 32
+GPU_FRAME_BUDGET = 32 * 3000
+# Clips a shard gathers before their batches run: room to sort by length, a bounded memory.
+GATHER_BATCHES = 4
+
+
+@dataclass(frozen=True)
+class BatchRule:
+    """Which clips' tokens go through the batch file, and how batches are cut.
+
+    A clip longer than `max_clip_frames` (None: no limit) is tokenized alone on the single file;
+    the others are gathered, `max_batch` rows and `frame_budget` padded frames at most a batch.
+    """
+
+    max_batch: int = DEFAULT_MAX_BATCH
+    frame_budget: int = DEFAULT_FRAME_BUDGET
+    max_clip_frames: int | None = 300
+
+    @classmethod
+    def from_settings(cls, settings: Settings, serving: str) -> BatchRule | None:
+        """The rule of a worker whose batch file runs on provider `serving`; None: batch nothing."""
+        if settings.batch_tokenize == "off":
+            return None
+        cpu = serving == CPU
+        longest = int(settings.batch_max_clip_s * FRAME_RATE_HZ)
+        return cls(
+            max_batch=settings.batch_max_clips or (DEFAULT_MAX_BATCH if cpu else GPU_MAX_BATCH),
+            frame_budget=settings.batch_frame_budget or (DEFAULT_FRAME_BUDGET if cpu else GPU_FRAME_BUDGET),
+            max_clip_frames=longest if cpu and settings.batch_tokenize == "auto" else None,
+        )
+
+    def takes(self, frames: int) -> bool:
+        """Whether a clip of `frames` log-mel frames joins a batch."""
+        return self.max_clip_frames is None or frames <= self.max_clip_frames
 
 
 def plan_batches(frames: Sequence[int], frame_budget: int, max_batch: int) -> list[list[int]]:
@@ -75,19 +132,28 @@ def own_tokens(n_frames: int, token_rate_hz: int) -> int:
 def run_rows(
     session: ModelSession, rows: Sequence[FloatArray], frame_budget: int, max_batch: int
 ) -> list[list[int]]:
-    """The tokens of each log-mel row (one window), in the order given, one session run per batch."""
+    """The tokens of each log-mel row (one window), in the order given, one session run per batch.
+    A batch that fails raises its error (`run_batches` keeps it to the rows that caused it)."""
     tokens: list[list[int]] = [[] for _ in rows]
     for batch in plan_batches([row.shape[1] for row in rows], frame_budget, max_batch):
-        output = session.run(batch_inputs([rows[i] for i in batch]))[0]
-        for slot, index in enumerate(batch):
-            wanted = own_tokens(rows[index].shape[1], session.token_rate_hz)
-            if output.ndim != 2 or output.shape[1] < wanted:
-                raise VoxmillError(
-                    errors.MODEL_ERROR,
-                    f"{session.path.name} gave tokens of shape {list(output.shape)} for a batch of "
-                    f"{len(batch)}; row {slot} needs {wanted}",
-                )
-            tokens[index] = checked_tokens(session, output[slot, :wanted])
+        for index, row_tokens in zip(batch, batch_tokens(session, [rows[i] for i in batch]), strict=True):
+            tokens[index] = row_tokens
+    return tokens
+
+
+def batch_tokens(session: ModelSession, rows: Sequence[FloatArray]) -> list[list[int]]:
+    """One session run of `rows`: each row's own tokens; `model_error` when the output is short."""
+    output = session.run(batch_inputs(rows))[0]
+    tokens = []
+    for slot, row in enumerate(rows):
+        wanted = own_tokens(row.shape[1], session.token_rate_hz)
+        if output.ndim != 2 or output.shape[0] != len(rows) or output.shape[1] < wanted:
+            raise VoxmillError(
+                errors.MODEL_ERROR,
+                f"{session.path.name} gave tokens of shape {list(output.shape)} for a batch of "
+                f"{len(rows)}; row {slot} needs {wanted}",
+            )
+        tokens.append(checked_tokens(session, output[slot, :wanted]))
     return tokens
 
 
@@ -129,3 +195,137 @@ def open_batch_session(
     check_batch_signature(path.name, session.session.get_inputs(), session.session.get_outputs())
     warm_up(session, options.warmup_runs)
     return session
+
+
+def attach_twin(session: ModelSession, options: SessionOptions, registry: Registry) -> ModelSession:
+    """Load the batch twin of a tokenizer's file (`X.batch.onnx` beside `X.onnx`) into
+    `session.twin`, named as the single file's twin; a folder without one, or a twin that does not
+    load, leaves the single file serving alone (the reason logged)."""
+    path = session.path.with_name(batch_name(session.path.name))
+    if session.role != ROLE_TOKENIZER or not registry.role(ROLE_TOKENIZER).is_batch_name(path.name):
+        return session
+    if not path.is_file():
+        return session
+    try:
+        twin = open_batch_session(path, options, registry)
+    except VoxmillError as exc:
+        log.warning("batch tokenizer %s not used: %s", path, exc.message)
+        return session
+    twin.ref = replace(twin.ref, twin_sha256=session.sha256)
+    session.twin = twin
+    return session
+
+
+class TokenBatches:
+    """Clips waiting for their tokens: their windows gathered, run in length-sorted batches on the
+    batch file when enough are waiting (`full`) or at the end (`run`).
+
+    A batch that fails is run again row by row on the single file, so an error stays with the clip
+    that caused it; a clip's batch time is shared out by its rows' frames.
+    """
+
+    def __init__(self, single: ModelSession, twin: ModelSession, rule: BatchRule) -> None:
+        self.single, self.twin, self.rule = single, twin, rule
+        self.clips: list[tuple[ClipRun, list[FloatArray]]] = []
+
+    @property
+    def full(self) -> bool:
+        return sum(len(windows) for _, windows in self.clips) >= self.rule.max_batch * GATHER_BATCHES
+
+    def add(self, clip: ClipRun, windows: list[FloatArray]) -> None:
+        clip.models = {**clip.models, ROLE_TOKENIZER: self.twin.ref}
+        self.clips.append((clip, windows))
+
+    def run(self) -> None:
+        """Every waiting clip's tokens (or its error), then none wait."""
+        owners = [(clip, index) for clip, windows in self.clips for index in range(len(windows))]
+        rows = [window for _, windows in self.clips for window in windows]
+        found: list[list[int] | VoxmillError] = [[] for _ in rows]
+        rule = self.rule
+        for batch in plan_batches([row.shape[1] for row in rows], rule.frame_budget, rule.max_batch):
+            started = time.perf_counter()
+            for index, tokens in zip(batch, self._tokens([rows[i] for i in batch]), strict=True):
+                found[index] = tokens
+            share_ms = (time.perf_counter() - started) * 1000.0 / sum(rows[i].shape[1] for i in batch)
+            for index in batch:
+                timings = owners[index][0].timings.stages
+                timings["tokenize"] = round(timings.get("tokenize", 0.0) + share_ms * rows[index].shape[1], 3)
+        per_clip: dict[int, list[list[int]]] = {}
+        for (clip, _), tokens in zip(owners, found, strict=True):
+            if isinstance(tokens, VoxmillError):
+                clip.error = clip.error or tokens.record()
+            else:
+                per_clip.setdefault(id(clip), []).append(tokens)
+        for clip, windows in self.clips:
+            got = per_clip.get(id(clip), [])
+            if clip.error is None and len(got) == len(windows):
+                merged = got[0] if len(got) == 1 else merge_windows(got, self.twin.token_rate_hz)
+                clip.fields["speech_token"] = merged
+        self.clips = []
+
+    def _tokens(self, rows: list[FloatArray]) -> list[list[int] | VoxmillError]:
+        try:
+            return list(batch_tokens(self.twin, rows))
+        except VoxmillError as exc:
+            log.warning("a batch of %d failed (%s); its rows run alone", len(rows), exc.message)
+        alone: list[list[int] | VoxmillError] = []
+        for row in rows:
+            try:
+                alone.append(checked_tokens(self.single, self.single.run(tokenizer_inputs(row))[0]))
+            except VoxmillError as exc:
+                alone.append(exc)
+        return alone
+
+
+ClipSource = tuple[str, Source | VoxmillError, Segment | None]
+
+
+def run_clips(
+    clips: Iterable[ClipSource],
+    op: str,
+    sessions: Mapping[str, ModelSession],
+    limits: AudioLimits,
+    speech: SpeechCheck | None,
+    rule: BatchRule,
+) -> list[TaskResult]:
+    """Each clip's result, in order, as `run_clip` gives it, the tokens of those the rule takes
+    from batches of the tokenizer's twin (`sessions[tokenizer].twin`, which must be loaded).
+
+    `clips`: (label, what to read or why it cannot be read, segment); it is consumed as the clips
+    are decoded, so a read-ahead stays ahead of the model.
+    """
+    tokenizer = sessions[ROLE_TOKENIZER]
+    if tokenizer.twin is None:
+        raise ValueError(f"{tokenizer.path.name} has no batch twin loaded")
+    waiting = TokenBatches(tokenizer, tokenizer.twin, rule)
+    runs: list[ClipRun] = []
+    for label, source, segment in clips:
+        clip = ClipRun(label, op, models_of(op, sessions))
+        runs.append(clip)
+        if isinstance(source, VoxmillError):
+            clip.error = source.record()
+        elif clip.step(lambda: clip.decode(source, limits, speech, segment)):  # noqa: B023 (runs at once)
+            _models(clip, op, sessions, waiting)
+            clip.audio = None  # what waits is its log-mel windows, not its samples
+        if waiting.full:
+            waiting.run()
+    waiting.run()
+    return [clip.result() for clip in runs]
+
+
+def _models(clip: ClipRun, op: str, sessions: Mapping[str, ModelSession], waiting: TokenBatches) -> None:
+    """The clip's embedding now; its tokens now when the rule leaves it alone, else later."""
+    audio = clip.audio
+    assert audio is not None
+    if ROLE_EMBEDDER in ROLES_BY_OP[op]:
+        clip.step(lambda: clip.fields.update(run_op("embed", audio, sessions, clip.timings)))
+    if ROLE_TOKENIZER not in ROLES_BY_OP[op]:
+        return
+    if not waiting.rule.takes(int(audio.duration_s * FRAME_RATE_HZ)):
+        clip.step(lambda: clip.fields.update(run_op("tokenize", audio, sessions, clip.timings)))
+        return
+    started = time.perf_counter()
+    windows: list[FloatArray] = []
+    if clip.step(lambda: windows.extend(log_mel_windows(audio.samples))):
+        clip.timings.add("log_mel", started)
+        waiting.add(clip, windows)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from pipeline.features import (
 from pipeline.models.options import SessionOptions
 from pipeline.models.registry import Registry
 from pipeline.models.sessions import ModelSession
-from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES_BY_OP, TaskResult
+from pipeline.records import ROLE_EMBEDDER, ROLE_TOKENIZER, ROLES_BY_OP, ModelRef, TaskResult
 from pipeline.settings import AudioLimits
 
 log = logging.getLogger("voxmill.inference")
@@ -268,6 +268,75 @@ def audio_stats(audio: Audio, speech: SpeechCheck | None, timings: Timings) -> d
     return stats
 
 
+@dataclass
+class ClipRun:
+    """One clip on its way to a result: each step runs unless an earlier one failed, and the first
+    error (a code, or `internal` for a bug) becomes the clip's result, with what is known of it."""
+
+    label: str
+    op: str
+    models: dict[str, ModelRef]
+    timings: Timings = field(default_factory=Timings)
+    audio: Audio | None = None
+    seconds: float = 0.0
+    stats: dict[str, Any] | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    error: ErrorRecord | None = None
+
+    def step(self, work: Callable[[], object]) -> bool:
+        """Run `work` unless the clip already failed; whether the clip is still good."""
+        if self.error is not None:
+            return False
+        try:
+            work()
+        except VoxmillError as exc:
+            self.error = exc.record()
+            if isinstance(exc, ClipRefused):  # decoded, then refused: what is known of it
+                self.stats = exc.stats
+        except Exception as exc:  # a bug fails this clip alone, with a code, instead of its whole batch
+            log.exception("clip %s (%s) failed unexpectedly", self.label, self.op)
+            self.error = ErrorRecord(errors.INTERNAL, f"{type(exc).__name__}: {exc}")
+        return self.error is None
+
+    def decode(
+        self, source: Source, limits: AudioLimits, speech: SpeechCheck | None, segment: Segment | None
+    ) -> None:
+        """Decode (with `segment`: only that part), the stats, and the speech check when enabled."""
+        if self.op not in ROLES_BY_OP:
+            raise VoxmillError(errors.BAD_REQUEST, f"unknown op {self.op!r}; use tokenize, embed or extract")
+        self.audio = load_audio(source, limits, self.timings.stages, segment)
+        self.seconds = self.audio.duration_s
+        self.stats = audio_stats(self.audio, speech, self.timings)
+        if speech is not None and speech.enabled:
+            require_speech(float(self.stats["speech_s"]), self.audio.duration_s, speech)
+
+    def run_models(self, sessions: Mapping[str, ModelSession]) -> None:
+        """Tokens and/or embedding of the decoded clip (`run_op`)."""
+        if self.audio is None:
+            raise RuntimeError(f"clip {self.label} runs its models before it is decoded")
+        self.fields.update(run_op(self.op, self.audio, sessions, self.timings))
+
+    def result(self) -> TaskResult:
+        if self.error is not None:
+            return TaskResult(
+                input=self.label,
+                op=self.op,
+                models=self.models,
+                error=self.error,
+                timings_ms=self.timings.stages,
+                stats=self.stats,
+            )
+        return TaskResult(
+            input=self.label,
+            op=self.op,
+            audio_seconds=round(self.seconds, 4),
+            models=self.models,
+            timings_ms=self.timings.stages,
+            stats=self.stats,
+            **self.fields,
+        )
+
+
 def run_clip(
     label: str,
     source: Source,
@@ -285,32 +354,12 @@ def run_clip(
     speech than `speech.min_speech_ms` is `no_speech` (its stats still come back). Without
     `speech` no detector runs.
     """
-    models = {role: sessions[role].ref for role in ROLES_BY_OP.get(op, ()) if role in sessions}
-    timings = Timings()
-    stats: dict[str, Any] | None = None
-    try:
-        if op not in ROLES_BY_OP:
-            raise VoxmillError(errors.BAD_REQUEST, f"unknown op {op!r}; use tokenize, embed or extract")
-        audio = load_audio(source, limits, timings.stages, segment)
-        stats = audio_stats(audio, speech, timings)
-        if speech is not None and speech.enabled:
-            require_speech(float(stats["speech_s"]), audio.duration_s, speech)
-        fields = run_op(op, audio, sessions, timings)
-    except VoxmillError as exc:
-        error = exc.record()
-        if isinstance(exc, ClipRefused):  # decoded, then refused: what is known of it
-            stats = exc.stats
-    except Exception as exc:  # a bug fails this clip alone, with a code, instead of its whole batch
-        log.exception("clip %s (%s) failed unexpectedly", label, op)
-        error = ErrorRecord(errors.INTERNAL, f"{type(exc).__name__}: {exc}")
-    else:
-        return TaskResult(
-            input=label,
-            op=op,
-            audio_seconds=round(audio.duration_s, 4),
-            models=models,
-            timings_ms=timings.stages,
-            stats=stats,
-            **fields,
-        )
-    return TaskResult(input=label, op=op, models=models, error=error, timings_ms=timings.stages, stats=stats)
+    clip = ClipRun(label, op, models_of(op, sessions))
+    if clip.step(lambda: clip.decode(source, limits, speech, segment)):
+        clip.step(lambda: clip.run_models(sessions))
+    return clip.result()
+
+
+def models_of(op: str, sessions: Mapping[str, ModelSession]) -> dict[str, ModelRef]:
+    """{role: the file that serves it} of the roles `op` needs."""
+    return {role: sessions[role].ref for role in ROLES_BY_OP.get(op, ()) if role in sessions}

@@ -85,6 +85,8 @@ class Utterance:
 class ModelRef:
     """Which model file, by content, produced a result, and how it ran: the provider actually used
     (`CPUExecutionProvider`, `TensorrtExecutionProvider (fp16)`...) and the ONNX Runtime version.
+    A batch file (`speech_tokenizer_v2.batch.onnx`) is named as itself, with `twin_sha256` the
+    single-clip file whose weights it holds: one model, two files (`model_sha256`).
 
     >>> ModelRef(role="embedder", file="campplus.onnx", sha256="ab12...")
     """
@@ -94,9 +96,15 @@ class ModelRef:
     sha256: str
     provider: str = ""
     onnxruntime: str = ""
+    twin_sha256: str = ""  # a batch file's: the sha256 of the single-clip file it is the twin of
+
+    @property
+    def model_sha256(self) -> str:
+        """The model, whichever of its files ran: a batch twin counts as its single-clip file."""
+        return self.twin_sha256 or self.sha256
 
     def to_dict(self) -> dict[str, str]:
-        ran = {"provider": self.provider, "onnxruntime": self.onnxruntime}
+        ran = {"provider": self.provider, "onnxruntime": self.onnxruntime, "twin_sha256": self.twin_sha256}
         return {"file": self.file, "sha256": self.sha256, **{k: v for k, v in ran.items() if v}}
 
     @classmethod
@@ -107,6 +115,7 @@ class ModelRef:
             sha256=data["sha256"],
             provider=data.get("provider", ""),
             onnxruntime=data.get("onnxruntime", ""),
+            twin_sha256=data.get("twin_sha256", ""),
         )
 
 

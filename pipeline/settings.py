@@ -92,6 +92,27 @@ class Settings(BaseSettings):
         "Runs of a 3 s clip before a new session serves (a second run did not change the first real "
         "clip's latency).",
     )
+    batch_tokenize: Literal["auto", "on", "off"] = _f(
+        "auto",
+        "Speech tokens of a shard in batches through the model folder's batch tokenizer "
+        "(speech_tokenizer_v2.batch.onnx, CosyVoice's name), where the folder has one. auto: where it "
+        "pays, by provider (CPU: clips up to batch_max_clip_s; GPU: every clip and window); on: every "
+        "clip and window; off: one clip per run, the batch file never loaded. Tokens are the same "
+        "either way; each result names the file that made them.",
+    )
+    batch_max_clips: int = _f(
+        0, "Rows (clips, or 30 s windows of long ones) per batch; 0: 8 on the CPU, 32 on a GPU."
+    )
+    batch_frame_budget: int = _f(
+        0,
+        "Most log-mel frames (100 a second) a batch holds once padded (rows x its longest row); 0: 1,600 "
+        "on the CPU (8 clips of 2 s), 96,000 on a GPU (32 windows of 30 s).",
+    )
+    batch_max_clip_s: float = _f(
+        3.0,
+        "With batch_tokenize auto on the CPU, clips longer than this run alone (measured: 8 clips of "
+        "2 s batched 1.10x the single runs' rate, 5 s 0.95x, 10 s 0.86x; BENCHMARKS.md).",
+    )
     cuda_device_id: int = _f(0, "The GPU a worker uses (run one worker per GPU).")
     cuda_mem_limit_bytes: int = _f(0, "Cap of each session's CUDA memory arena; 0: none.")
     cudnn_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = _f(

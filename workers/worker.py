@@ -129,7 +129,13 @@ class WorkerProcess:
         options = SessionOptions.from_settings(self.settings)
         worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.holder = ModelHolder(
-            roles, options, registry, self.metrics, self.settings.reload_aside_wait_max_s, name=worker_id
+            roles,
+            options,
+            registry,
+            self.metrics,
+            self.settings.reload_aside_wait_max_s,
+            name=worker_id,
+            batch_twins=self.settings.batch_tokenize != "off",
         )
         self.coordinator = ReloadCoordinator(
             self.settings,

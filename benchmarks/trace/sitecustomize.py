@@ -6,7 +6,9 @@ three `pipeline` functions before `workers.queue.tasks` imports them, and append
 `$BENCH_TRACE_DIR/trace-<pid>.jsonl`:
 
 - `open_session`: when each model was loaded and warmed (wall clock);
-- `run_clip`: start and end of every utterance and its `timings_ms` stages;
+- `run_clip`: start and end of every utterance and its `timings_ms` stages; `run_clips` (a shard's
+  clips with batched tokens): the call's start and end for each of its utterances;
+- `batch_tokens`: the rows of every batch run (one line each);
 - `write_shard`: start of the shard file's write (with the shard's utterances), then its end.
 
 With BENCH_TRACE_EACH=1 every `run_clip` call is written at once (single-audio tasks, no shards).
@@ -23,6 +25,7 @@ import time
 
 
 def _install(trace_dir: str) -> None:
+    import pipeline.batching as batching
     import pipeline.inference as inference
     import pipeline.outputs.writers as writers
 
@@ -31,6 +34,8 @@ def _install(trace_dir: str) -> None:
     original_run_clip = inference.run_clip
     original_write = writers.write_shard
     original_open = inference.open_session
+    original_run_clips = batching.run_clips
+    original_batch_tokens = batching.batch_tokens
 
     def emit(record: dict[str, object]) -> None:
         record["pid"] = os.getpid()
@@ -69,6 +74,27 @@ def _install(trace_dir: str) -> None:
             pending.append(record)
         return result
 
+    def run_clips(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started = time.time()
+        results = original_run_clips(*args, **kwargs)
+        ended = time.time()
+        for result in results:
+            pending.append(
+                {
+                    "utt": result.input,
+                    "start": started,
+                    "end": ended,
+                    "ms": result.timings_ms,
+                    "audio_s": result.audio_seconds,
+                    "ok": result.ok,
+                }
+            )
+        return results
+
+    def batch_tokens(session, rows):  # type: ignore[no-untyped-def]
+        emit({"kind": "batch", "rows": len(rows)})
+        return original_batch_tokens(session, rows)
+
     def write_shard(out_dir, spec, results, *args, **kwargs):  # type: ignore[no-untyped-def]
         # The shard's record goes out before its file: once the last file exists, a finished run
         # kills its workers at once, and a record written after it could be lost.
@@ -81,6 +107,8 @@ def _install(trace_dir: str) -> None:
         return path
 
     inference.run_clip = run_clip
+    batching.run_clips = run_clips
+    batching.batch_tokens = batch_tokens
     inference.open_session = open_session
     writers.write_shard = write_shard
 

@@ -84,6 +84,7 @@ class ModelSession:
         self.cache_state = "off"  # optimized-model cache: off | hit | built | rebuilt
         self.shrink_above = shrink_above  # see `shrink_above`
         self._shrink_options: Any = None
+        self.twin: ModelSession | None = None  # a tokenizer's batch file beside it (`pipeline.batching`)
 
     @property
     def role(self) -> str:
@@ -200,9 +201,11 @@ class ModelSession:
         return self._shrink_options
 
     def close(self) -> None:
-        """Release the ONNX Runtime session."""
+        """Release the ONNX Runtime session (and its batch twin's)."""
         self.session = None
         self.warm = False
+        if self.twin is not None:
+            self.twin.close()
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready facts about this session (for status and logs)."""

@@ -85,6 +85,7 @@ class ModelAudit:
     sha256: str
     judged: bool
     values: dict[str, float] = field(default_factory=dict)  # utt -> agreement or cosine
+    file: str = ""  # the reference folder's file of this sha256 (its batch file, or the single one)
 
     def below(self, minimum: float) -> list[str]:
         return sorted(utt for utt, value in self.values.items() if value < minimum)
@@ -94,6 +95,7 @@ class ModelAudit:
         return {
             "role": self.role,
             "sha256": self.sha256,
+            "file": self.file or None,
             "judged": self.judged,
             "metric": METRICS[self.role],
             "utterances": len(values),
@@ -151,8 +153,9 @@ class AuditReport:
         for group in self.models:
             summary = group.to_dict(self.thresholds.minimum(group.role))
             tag = "" if group.judged else " (another model: not judged)"
+            named = f" ({group.file})" if group.file else ""
             out.append(
-                f"  {group.role} {group.sha256[:12]}: {summary['utterances']} utts, "
+                f"  {group.role} {group.sha256[:12]}{named}: {summary['utterances']} utts, "
                 f"{summary['metric']} min {summary['min']} mean {summary['mean']}{tag}"
             )
         out.append(f"verdict: {self.verdict}")
@@ -199,6 +202,7 @@ def audit_run(
 ) -> AuditReport:
     """Re-extract a sample of a run with `model_dir`'s models on the CPU and compare (module docstring)."""
     from pipeline.extractor import Extractor  # the inference stack, only when an audit runs
+    from pipeline.models.files import hash_model_file
 
     candidates = [utt for utt in rows_by_utt if utt in paths_by_utt]
     sampled = draw_sample(candidates, sample, seed)
@@ -211,6 +215,8 @@ def audit_run(
         return report
     with Extractor.from_model_dir(model_dir, provider="cpu", roles=roles, limits=limits) as extractor:
         report.reference = {role: extractor.sessions[role].ref.to_dict() for role in roles}
+        for role, twin in batch_twins(model_dir, roles).items():  # the same model, batched
+            report.reference[role].update(batch_file=twin.name, batch_sha256=hash_model_file(twin))
         groups: dict[tuple[str, str], ModelAudit] = {}
         for utt in sampled:
             _audit_one(extractor, utt, rows_by_utt[utt], paths_by_utt[utt], report, groups)
@@ -240,12 +246,28 @@ def _audit_one(
         return
     for role, value in fresh.items():
         stored_sha = row.sha256(role) or UNKNOWN_SHA256
-        judged = stored_sha in (UNKNOWN_SHA256, report.reference[role]["sha256"])
-        group = groups.setdefault((role, stored_sha), ModelAudit(role, stored_sha, judged))
+        reference = report.reference[role]
+        files = {
+            reference["sha256"]: reference["file"],
+            reference.get("batch_sha256", ""): reference.get("batch_file", ""),
+        }
+        judged = stored_sha == UNKNOWN_SHA256 or stored_sha in files
+        group = groups.setdefault(
+            (role, stored_sha), ModelAudit(role, stored_sha, judged, file=files.get(stored_sha, ""))
+        )
         if role == ROLE_TOKENIZER:
             group.values[utt] = token_agreement(row.speech_token or [], list(value))
         else:
             group.values[utt] = cosine(row.embedding or [], value.tolist())
+
+
+def batch_twins(model_dir: Path, roles: Iterable[str]) -> dict[str, Path]:
+    """{role: the batch twin of the file that serves it in `model_dir`}, for roles that have one."""
+    from pipeline.models.registry import Registry
+
+    registry = Registry.load()
+    twins = {role: registry.find_batch_model(role, model_dir) for role in roles}
+    return {role: path for role, path in twins.items() if path is not None}
 
 
 def _judge(report: AuditReport) -> None:

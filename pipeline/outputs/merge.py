@@ -227,14 +227,24 @@ class _Tally:
         report.stats = self.histograms.percentiles()
 
     def ranked_models(self) -> dict[str, list[MixedModel]]:
-        """{role: each model its rows name, with its shard files, most first (first seen wins ties)}."""
-        return {
-            role: [
-                MixedModel(ModelRef.from_dict(role, json.loads(key)), n)
-                for key, n in sorted(votes.items(), key=lambda kv: -kv[1])
-            ]
-            for role, votes in self.model_votes.items()
-        }
+        """{role: each model its rows name, with its shard files, most first (first seen wins ties)}.
+
+        A batch file and its single-clip twin are one model: named by the batch file's ref (whose
+        `twin_sha256` names the other), its shard files counted once each.
+        """
+        ranked: dict[str, list[MixedModel]] = {}
+        for role, votes in self.model_votes.items():
+            by_model: dict[str, MixedModel] = {}
+            for key, n in votes.items():
+                ref = ModelRef.from_dict(role, json.loads(key))
+                seen = by_model.get(ref.model_sha256)
+                if seen is None:
+                    by_model[ref.model_sha256] = MixedModel(ref, n)
+                else:
+                    named = ref if ref.twin_sha256 and not seen.ref.twin_sha256 else seen.ref
+                    by_model[ref.model_sha256] = MixedModel(named, seen.shards + n)
+            ranked[role] = sorted(by_model.values(), key=lambda mixed: -mixed.shards)
+        return ranked
 
     def provenance(self) -> dict[str, Any]:
         """What produced the outputs: voxmill, each model (file, sha256, provider actually used,

@@ -58,12 +58,13 @@ class RunReport:
         return int((self.filters or {}).get("filtered_utterances") or 0)
 
     def sha256s(self) -> dict[str, set[str]]:
-        """{role: every model sha256 the merged rows name} (`models` and `models_mixed`)."""
+        """{role: every model the merged rows name} (`models` and `models_mixed`; a batch file counts
+        as its single-clip twin)."""
         found: dict[str, set[str]] = {}
         for role, ref in self.models.items():
-            found.setdefault(role, set()).add(ref.sha256)
+            found.setdefault(role, set()).add(ref.model_sha256)
         for role, refs in self.models_mixed.items():
-            found.setdefault(role, set()).update(mixed.ref.sha256 for mixed in refs)
+            found.setdefault(role, set()).update(mixed.ref.model_sha256 for mixed in refs)
         return {role: shas - {""} for role, shas in found.items() if shas - {""}}
 
     def to_dict(self) -> dict[str, Any]:

@@ -317,12 +317,14 @@ def _sha256_of(result: TaskResult, role: str) -> str | None:
 
 def _models_of(results: Iterable[TaskResult]) -> Models:
     """{role: {"file", "sha256", "provider", "onnxruntime"}} of the successful results (the first
-    model seen per role; what ran it, when the result says)."""
+    model seen per role; what ran it, when the result says). A batch file, when any row came from
+    one, is named instead of its single-clip twin: its `twin_sha256` names both."""
     models: Models = {}
     for result in results:
         if result.error is None:
             for role, ref in result.models.items():
-                models.setdefault(role, ref.to_dict())
+                if role not in models or (ref.twin_sha256 and "twin_sha256" not in models[role]):
+                    models[role] = ref.to_dict()
     return models
 
 
@@ -353,8 +355,14 @@ def shard_models(table: pa.Table) -> Models:
 
 
 def shard_sha256s(table: pa.Table) -> dict[str, set[str]]:
-    """{role: the model sha256s its rows name} of a shard table (roles with no row left out)."""
-    found = {role: set(table.column(name).drop_null().to_pylist()) for role, name in SHA256_COLUMNS.items()}
+    """{role: the models its rows name} of a shard table (roles with no row left out), a batch
+    file's rows counted as its single-clip twin (the model, whichever of its files ran)."""
+    models = shard_models(table).values()
+    twins = {ref["sha256"]: ref["twin_sha256"] for ref in models if ref.get("twin_sha256")}
+    found = {
+        role: {twins.get(sha, sha) for sha in table.column(name).drop_null().to_pylist()}
+        for role, name in SHA256_COLUMNS.items()
+    }
     return {role: shas for role, shas in found.items() if shas}
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
@@ -34,11 +34,13 @@ from celery import Celery, Task
 from pipeline import errors
 from pipeline.audio.decode import Segment
 from pipeline.audio.sources import Source, prefetch_clips
+from pipeline.batching import BatchRule, ClipSource, run_clips
 from pipeline.errors import ErrorRecord, ModelUnavailable, VoxmillError
 from pipeline.inference import run_clip
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import shard_counts, storable_results, write_shard
 from pipeline.records import (
+    ROLE_TOKENIZER,
     ROLES_BY_OP,
     ModelRef,
     ShardResult,
@@ -254,13 +256,41 @@ def _utterance_results(
     urls = [s if isinstance(s, str) else None for s in sources]  # an allowed str is a URL
     settings = process.settings
     if settings.reads_in_flight <= 1 or not any(urls):
-        return [_utterance(process, u, s, op, sessions) for u, s in zip(utts, sources, strict=True)]
+        return _clip_results(process, op, _clips(utts, sources), sessions)
     ahead = ReadAhead(settings.reads_in_flight, settings.read_ahead_bytes)
     with closing(prefetch_clips(urls, process.limits, ahead)) as fetched:
-        return [
-            _utterance(process, u, s if f is None else f, op, sessions)
-            for u, s, f in zip(utts, sources, fetched, strict=True)
-        ]
+        read = (s if f is None else f for s, f in zip(sources, fetched, strict=True))
+        return _clip_results(process, op, _clips(utts, read), sessions)
+
+
+def _clips(utts: Sequence[Utterance], sources: Iterable[Source | VoxmillError]) -> Iterator[ClipSource]:
+    for utt, source in zip(utts, sources, strict=True):
+        segment = Segment(utt.start_s or 0.0, utt.end_s, utt.channel) if utt.is_segment else None
+        yield utt.utt, source, segment
+
+
+def _clip_results(
+    process: WorkerProcess,
+    op: str,
+    clips: Iterable[ClipSource],
+    sessions: dict[str, ModelSession],
+    limits: AudioLimits | None = None,
+) -> list[TaskResult]:
+    """Each clip's result, in order (`clips`: label, what to read or why it cannot be, segment):
+    its tokens from batches where the tokenizer has a batch twin and the rule takes them
+    (`pipeline.batching`), else one clip at a time."""
+    limits = limits or process.limits
+    tokenizer = sessions.get(ROLE_TOKENIZER)
+    if tokenizer is not None and tokenizer.twin is not None:
+        rule = BatchRule.from_settings(process.settings, tokenizer.twin.choice.serving)
+        if rule is not None:
+            return run_clips(clips, op, sessions, limits, process.speech, rule)
+    return [
+        TaskResult(input=label, op=op, error=source.record())
+        if isinstance(source, VoxmillError)
+        else run_clip(label, source, op, sessions, limits, process.speech, segment)
+        for label, source, segment in clips
+    ]
 
 
 def _allowed(process: WorkerProcess, utt: Utterance) -> Source | VoxmillError:
@@ -269,15 +299,6 @@ def _allowed(process: WorkerProcess, utt: Utterance) -> Source | VoxmillError:
         return resolve_allowed(utt.path, process.roots, process.settings.allowed_url_roots)
     except VoxmillError as exc:
         return exc
-
-
-def _utterance(
-    process: WorkerProcess, utt: Utterance, source: Source | VoxmillError, op: str, sessions: Any
-) -> TaskResult:
-    if isinstance(source, VoxmillError):
-        return TaskResult(input=utt.utt, op=op, error=source.record())
-    segment = Segment(utt.start_s or 0.0, utt.end_s, utt.channel) if utt.is_segment else None
-    return run_clip(utt.utt, source, op, sessions, process.limits, process.speech, segment)
 
 
 def _tar_results(
@@ -292,7 +313,6 @@ def _tar_results(
     # A tar member is a file of the corpus: the file limit bounds it, not the raw-bytes job limit.
     member_limits = replace(limits, max_payload_bytes=limits.max_file_bytes)
     utts: list[Utterance] = []
-    results: list[TaskResult] = []
     try:
         source = resolve_allowed(spec.tar, process.roots, process.settings.allowed_url_roots)
         stream = open_input(source)
@@ -302,17 +322,17 @@ def _tar_results(
         code = errors.NOT_FOUND if isinstance(exc, FileNotFoundError) else errors.UNREADABLE
         error = ErrorRecord(code, f"cannot open {spec.tar}: {exc.strerror or exc}")
         return [Utterance(spec.tar, spec.tar)], [TaskResult(input=spec.tar, op=spec.op, error=error)]
-    with stream:
+    def clips() -> Iterator[ClipSource]:
         for sample in iter_samples(stream, spec.tar, limits.max_file_bytes):
             where = f"{spec.tar}#{sample.audio_name}"
             utts.append(Utterance(sample.key, where, sample.spk, sample.transcript))
             if sample.error is not None or sample.audio is None:
-                error = (sample.error or VoxmillError(errors.NOT_FOUND, "no audio")).record()
-                results.append(TaskResult(input=sample.key, op=spec.op, error=error))
+                yield sample.key, sample.error or VoxmillError(errors.NOT_FOUND, "no audio"), None
             else:
-                results.append(
-                    run_clip(sample.key, sample.audio, spec.op, sessions, member_limits, process.speech)
-                )
+                yield sample.key, sample.audio, None
+
+    with stream:
+        results = _clip_results(process, spec.op, clips(), sessions, member_limits)
     return utts, results
 
 

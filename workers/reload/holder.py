@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.batching import attach_twin
 from pipeline.errors import ModelUnavailable
 from pipeline.inference import open_session
 from pipeline.models.options import SessionOptions
@@ -44,9 +45,12 @@ class ModelHolder:
         metrics: NoMetrics | None = None,
         aside_wait_max_s: float = 30.0,
         name: str = "",
+        batch_twins: bool = False,
     ) -> None:
-        """`name`: the worker process, as a refused task is told."""
+        """`name`: the worker process, as a refused task is told; `batch_twins`: load a tokenizer's
+        batch file beside it when its folder has one (`pipeline.batching.attach_twin`)."""
         self.roles = tuple(roles)
+        self.batch_twins = batch_twins
         self.name = name
         self.options = options
         self.registry = registry
@@ -66,8 +70,9 @@ class ModelHolder:
 
     # -- load -> warm up -> swap ------------------------------------------------------------
     def load(self, role: str, path: Path, expected_sha256: str | None = None) -> ModelSession:
-        """Load and warm up `path` as the `role` model, beside the session serving now."""
-        return open_session(path, role, self.options, self.registry, expected_sha256=expected_sha256)
+        """Load and warm up `path` as the `role` model (and its batch twin), beside the one serving."""
+        session = open_session(path, role, self.options, self.registry, expected_sha256=expected_sha256)
+        return attach_twin(session, self.options, self.registry) if self.batch_twins else session
 
     def swap(self, role: str, session: ModelSession, generation: int | None) -> ModelSession | None:
         """Make `session` the role's session between two tasks; returns the one it replaced.

@@ -1,0 +1,169 @@
+"""A shard's clips through `run_clips`: every result what `run_clip` gives, tokens from batches.
+
+Real stand-ins (tiny profile, batch twin) in real ONNX Runtime sessions, real WAV files.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipeline.batching import BatchRule, attach_twin, run_clips
+from pipeline.errors import VoxmillError
+from pipeline.inference import open_session, run_clip
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.sessions import ModelSession
+from pipeline.models.standin import TOKENIZER_BATCH_FILE, TOKENIZER_FILE
+from pipeline.settings import AudioLimits, Settings
+from tests.unit.test_batching import speechlike
+
+REGISTRY = Registry.load()
+OPTIONS = SessionOptions(provider="cpu")
+LIMITS = AudioLimits()
+
+
+@pytest.fixture(scope="module")
+def sessions(tiny_models: Path) -> dict[str, ModelSession]:
+    tokenizer = attach_twin(
+        open_session(tiny_models / TOKENIZER_FILE, "tokenizer", OPTIONS, REGISTRY), OPTIONS, REGISTRY
+    )
+    embedder = open_session(tiny_models / "campplus.onnx", "embedder", OPTIONS, REGISTRY)
+    return {"tokenizer": tokenizer, "embedder": embedder}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Clips of 0.3-6 s, one of 65 s (three windows), and bad ones in between."""
+    folder = tmp_path_factory.mktemp("clips")
+    rng = np.random.default_rng(5)
+    paths = []
+    for index, seconds in enumerate([*rng.uniform(0.3, 6.0, size=20), 65.0]):
+        path = folder / f"clip{index:02d}.wav"
+        sf.write(path, speechlike(float(seconds), index), 16000)
+        paths.append(path)
+    (folder / "garbage.wav").write_bytes(b"not audio at all" * 100)
+    sf.write(folder / "short.wav", speechlike(0.05, 99), 16000)  # too_short
+    silent = np.zeros(16000, dtype=np.float32)
+    silent[100] = np.nan
+    sf.write(folder / "nan.wav", silent, 16000, subtype="FLOAT")
+    bad = [folder / "garbage.wav", folder / "short.wav", folder / "nan.wav", folder / "missing.wav"]
+    return paths[:7] + bad[:2] + paths[7:15] + bad[2:] + paths[15:]
+
+
+def comparable(result: Any) -> dict[str, Any]:
+    """A result without its timings and models (what batching may change)."""
+    data = result.to_dict()
+    data.pop("timings_ms", None)
+    data.pop("models", None)
+    return data
+
+
+@pytest.mark.parametrize("op", ["tokenize", "extract"])
+def test_every_result_is_run_clips_and_batched_tokens_name_the_batch_file(
+    sessions: dict[str, ModelSession], corpus: list[Path], op: str
+) -> None:
+    expected = [run_clip(p.name, p, op, sessions, LIMITS) for p in corpus]
+    rule = BatchRule(max_batch=4, frame_budget=1600, max_clip_frames=300)
+    got = run_clips(((p.name, p, None) for p in corpus), op, sessions, LIMITS, None, rule)
+    assert [comparable(r) for r in got] == [comparable(r) for r in expected]
+    codes = {r.input: r.error.code for r in got if r.error is not None}
+    assert codes == {
+        "garbage.wav": "unreadable",
+        "short.wav": "too_short",
+        "nan.wav": codes["nan.wav"],
+        "missing.wav": "not_found",
+    }
+    tokenizer = sessions["tokenizer"]
+    assert tokenizer.twin is not None
+    for result in got:
+        if result.error is not None:
+            continue
+        ref = result.models["tokenizer"]
+        if result.audio_seconds <= 3.0:  # the rule's clips: the twin made them, and says so
+            assert (ref.file, ref.sha256, ref.twin_sha256) == (
+                TOKENIZER_BATCH_FILE,
+                tokenizer.twin.sha256,
+                tokenizer.sha256,
+            )
+            assert ref.model_sha256 == tokenizer.sha256
+        else:
+            assert (ref.file, ref.sha256, ref.twin_sha256) == (TOKENIZER_FILE, tokenizer.sha256, "")
+        if op == "extract":
+            assert result.models["embedder"].file == "campplus.onnx"
+        assert result.timings_ms["tokenize"] > 0
+
+
+def test_the_long_clips_windows_join_batches_when_the_rule_takes_every_clip(
+    sessions: dict[str, ModelSession], corpus: list[Path]
+) -> None:
+    expected = [run_clip(p.name, p, "tokenize", sessions, LIMITS) for p in corpus]
+    for rule in (BatchRule(8, 4 * 3000, None), BatchRule(1, 1, None)):  # GPU-like; every row alone
+        got = run_clips(((p.name, p, None) for p in corpus), "tokenize", sessions, LIMITS, None, rule)
+        assert [r.speech_token for r in got] == [r.speech_token for r in expected]
+        long_one = next(r for r in got if r.audio_seconds and r.audio_seconds > 60)
+        assert long_one.models["tokenizer"].file == TOKENIZER_BATCH_FILE
+
+
+def test_a_failed_batch_runs_its_rows_alone(
+    sessions: dict[str, ModelSession], corpus: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    twin = sessions["tokenizer"].twin
+    assert twin is not None
+    real_run = twin.run
+    sizes = []
+
+    def run(inputs: Any) -> Any:
+        sizes.append(len(inputs[1]))
+        if len(inputs[1]) > 1:
+            raise VoxmillError("model_error", "a batch that fails")
+        return real_run(inputs)
+
+    monkeypatch.setattr(twin, "run", run)
+    expected = [run_clip(p.name, p, "tokenize", sessions, LIMITS) for p in corpus]
+    got = run_clips(((p.name, p, None) for p in corpus), "tokenize", sessions, LIMITS, None, BatchRule())
+    assert [comparable(r) for r in got] == [comparable(r) for r in expected]
+    assert max(sizes) > 1  # batches were tried, failed, and their rows ran alone
+
+
+def test_a_source_refused_before_reading_keeps_its_place(
+    sessions: dict[str, ModelSession], corpus: list[Path]
+) -> None:
+    refused = VoxmillError("forbidden_path", "outside the roots")
+    clips = [(corpus[0].name, corpus[0], None), ("x", refused, None), (corpus[1].name, corpus[1], None)]
+    got = run_clips(iter(clips), "tokenize", sessions, LIMITS, None, BatchRule())
+    assert [r.error.code if r.error else "ok" for r in got] == ["ok", "forbidden_path", "ok"]
+
+
+def test_the_rule_by_provider_and_settings() -> None:
+    assert BatchRule.from_settings(Settings(batch_tokenize="off"), "CPUExecutionProvider") is None
+    assert BatchRule.from_settings(Settings(), "CPUExecutionProvider") == BatchRule(8, 1600, 300)
+    assert BatchRule.from_settings(Settings(), "CUDAExecutionProvider") == BatchRule(32, 96000, None)
+    assert BatchRule.from_settings(Settings(batch_tokenize="on"), "CPUExecutionProvider") == BatchRule(
+        8, 1600, None
+    )
+    custom = Settings(batch_max_clips=4, batch_frame_budget=900, batch_max_clip_s=1.5)
+    assert BatchRule.from_settings(custom, "CPUExecutionProvider") == BatchRule(4, 900, 150)
+    assert BatchRule(8, 1600, 300).takes(300) and not BatchRule(8, 1600, 300).takes(301)
+
+
+def test_a_twin_is_loaded_only_when_the_folder_has_a_working_one(
+    tiny_models: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shutil.copy(tiny_models / TOKENIZER_FILE, tmp_path / TOKENIZER_FILE)
+    alone = attach_twin(
+        open_session(tmp_path / TOKENIZER_FILE, "tokenizer", OPTIONS, REGISTRY), OPTIONS, REGISTRY
+    )
+    assert alone.twin is None
+    shutil.copy(tiny_models / TOKENIZER_FILE, tmp_path / TOKENIZER_BATCH_FILE)  # no batch axis
+    refused = attach_twin(
+        open_session(tmp_path / TOKENIZER_FILE, "tokenizer", OPTIONS, REGISTRY), OPTIONS, REGISTRY
+    )
+    assert refused.twin is None and "dynamic batch axis" in caplog.text
+    embedder = open_session(tiny_models / "campplus.onnx", "embedder", OPTIONS, REGISTRY)
+    assert attach_twin(embedder, OPTIONS, REGISTRY).twin is None
