@@ -223,6 +223,7 @@ class ModelSession:
             "warmup_s": round(self.warmup_s, 4),
             "engine_dir": None if self.engine_dir is None else str(self.engine_dir),
             "model_cache": self.cache_state,
+            **({"batch_file": self.twin.ref.to_dict()} if self.twin is not None else {}),
         }
 
 

@@ -167,3 +167,18 @@ def test_a_twin_is_loaded_only_when_the_folder_has_a_working_one(
     assert refused.twin is None and "dynamic batch axis" in caplog.text
     embedder = open_session(tiny_models / "campplus.onnx", "embedder", OPTIONS, REGISTRY)
     assert attach_twin(embedder, OPTIONS, REGISTRY).twin is None
+
+
+def test_a_holder_loads_the_twin_only_when_batching_is_on(tiny_models: Path) -> None:
+    from workers.reload.holder import ModelHolder
+
+    for batching in (True, False):
+        holder = ModelHolder(["tokenizer"], OPTIONS, REGISTRY, batch_twins=batching)
+        session = holder.load("tokenizer", tiny_models / TOKENIZER_FILE)
+        holder.swap("tokenizer", session, 1)
+        described = holder.describe()["models"]["tokenizer"]
+        if batching:
+            assert session.twin is not None and described["batch_file"]["file"] == TOKENIZER_BATCH_FILE
+        else:
+            assert session.twin is None and "batch_file" not in described
+        holder.close()

@@ -89,8 +89,11 @@ def model_checks(
         if model is not None:
             models.append(model)
         twin = registry.find_batch_model(role, folder)
-        if twin is not None:  # checked, but not sized: no worker loads it yet
-            checks += check_model_file(role, twin, registry, settings, available, batch=True)[1]
+        if twin is not None:  # workers load it beside the tokenizer unless batch_tokenize is off
+            batch_model, batch_lines = check_model_file(role, twin, registry, settings, available, batch=True)
+            checks += batch_lines
+            if batch_model is not None and settings.batch_tokenize != "off":
+                models.append(batch_model)
     if not models and not any(c.status == "error" for c in checks):
         checks.append(
             error("models", f"no model in {folder}", "voxmill models make-standin --out DIR to try")
