@@ -15,8 +15,9 @@ clips near it, every other step and every error its own.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from pipeline import errors
 from pipeline.audio.decode import Segment
 from pipeline.audio.sources import Source
 from pipeline.audio.vad import SpeechCheck
-from pipeline.errors import VoxmillError
+from pipeline.errors import ErrorRecord, VoxmillError
 from pipeline.features import HOP, SAMPLE_RATE_HZ
 from pipeline.inference import (
     ClipRun,
@@ -56,6 +57,7 @@ FRAME_RATE_HZ = SAMPLE_RATE_HZ // HOP  # log-mel frames per second (100)
 # single runs, 5 s 1.0x, 10 s a loss): the default budget fills a batch of 8 with clips of 2 s.
 DEFAULT_MAX_BATCH = 8
 DEFAULT_FRAME_BUDGET = 8 * 200
+DEFAULT_MIN_ROWS = 4
 # On a GPU a batch always pays (issue 33: batch 1 leaves the device idle between launches).
 GPU_MAX_BATCH = 32
 GPU_FRAME_BUDGET = 32 * 3000
@@ -68,12 +70,14 @@ class BatchRule:
     """Which clips' tokens go through the batch file, and how batches are cut.
 
     A clip longer than `max_clip_frames` (None: no limit) is tokenized alone on the single file;
-    the others are gathered, `max_batch` rows and `frame_budget` padded frames at most a batch.
+    the others are gathered, `max_batch` rows and `frame_budget` padded frames at most a batch,
+    and a batch of fewer than `min_rows` rows runs row by row on the single file.
     """
 
     max_batch: int = DEFAULT_MAX_BATCH
     frame_budget: int = DEFAULT_FRAME_BUDGET
     max_clip_frames: int | None = 300
+    min_rows: int = 1
 
     @classmethod
     def from_settings(cls, settings: Settings, serving: str) -> BatchRule | None:
@@ -82,10 +86,12 @@ class BatchRule:
             return None
         cpu = serving == CPU
         longest = int(settings.batch_max_clip_s * FRAME_RATE_HZ)
+        where_it_pays = cpu and settings.batch_tokenize == "auto"
         return cls(
             max_batch=settings.batch_max_clips or (DEFAULT_MAX_BATCH if cpu else GPU_MAX_BATCH),
             frame_budget=settings.batch_frame_budget or (DEFAULT_FRAME_BUDGET if cpu else GPU_FRAME_BUDGET),
-            max_clip_frames=longest if cpu and settings.batch_tokenize == "auto" else None,
+            max_clip_frames=longest if where_it_pays else None,
+            min_rows=settings.batch_min_rows or (DEFAULT_MIN_ROWS if where_it_pays else 1),
         )
 
     def takes(self, frames: int) -> bool:
@@ -233,48 +239,115 @@ class TokenBatches:
         return sum(len(windows) for _, windows in self.clips) >= self.rule.max_batch * GATHER_BATCHES
 
     def add(self, clip: ClipRun, windows: list[FloatArray]) -> None:
-        clip.models = {**clip.models, ROLE_TOKENIZER: self.twin.ref}
         self.clips.append((clip, windows))
 
     def run(self) -> None:
         """Every waiting clip's tokens (or its error), then none wait."""
-        owners = [(clip, index) for clip, windows in self.clips for index in range(len(windows))]
+        owners = [clip for clip, windows in self.clips for _ in windows]
         rows = [window for _, windows in self.clips for window in windows]
         found: list[list[int] | VoxmillError] = [[] for _ in rows]
+        batched: set[int] = set()  # the clips (by id) a row of which the batch file made
         rule = self.rule
         for batch in plan_batches([row.shape[1] for row in rows], rule.frame_budget, rule.max_batch):
             started = time.perf_counter()
-            for index, tokens in zip(batch, self._tokens([rows[i] for i in batch]), strict=True):
-                found[index] = tokens
+            tokens, on_twin = self._tokens([rows[i] for i in batch])
+            for index, row_tokens in zip(batch, tokens, strict=True):
+                found[index] = row_tokens
+                if on_twin:
+                    batched.add(id(owners[index]))
             share_ms = (time.perf_counter() - started) * 1000.0 / sum(rows[i].shape[1] for i in batch)
             for index in batch:
-                timings = owners[index][0].timings.stages
+                timings = owners[index].timings.stages
                 timings["tokenize"] = round(timings.get("tokenize", 0.0) + share_ms * rows[index].shape[1], 3)
         per_clip: dict[int, list[list[int]]] = {}
-        for (clip, _), tokens in zip(owners, found, strict=True):
-            if isinstance(tokens, VoxmillError):
-                clip.error = clip.error or tokens.record()
+        for clip, row_tokens in zip(owners, found, strict=True):
+            if isinstance(row_tokens, VoxmillError):
+                clip.error = clip.error or row_tokens.record()
             else:
-                per_clip.setdefault(id(clip), []).append(tokens)
+                per_clip.setdefault(id(clip), []).append(row_tokens)
         for clip, windows in self.clips:
+            made_by = self.twin if id(clip) in batched else self.single
+            clip.models = {**clip.models, ROLE_TOKENIZER: made_by.ref}
             got = per_clip.get(id(clip), [])
             if clip.error is None and len(got) == len(windows):
-                merged = got[0] if len(got) == 1 else merge_windows(got, self.twin.token_rate_hz)
-                clip.fields["speech_token"] = merged
+                clip.fields["speech_token"] = (
+                    got[0] if len(got) == 1 else merge_windows(got, made_by.token_rate_hz)
+                )
         self.clips = []
 
-    def _tokens(self, rows: list[FloatArray]) -> list[list[int] | VoxmillError]:
-        try:
-            return list(batch_tokens(self.twin, rows))
-        except VoxmillError as exc:
-            log.warning("a batch of %d failed (%s); its rows run alone", len(rows), exc.message)
+    def _tokens(self, rows: list[FloatArray]) -> tuple[list[list[int] | VoxmillError], bool]:
+        """The rows' tokens, and whether the batch file made them: a batch too small to pay
+        (`min_rows`), or one whose run failed, runs row by row on the single file."""
+        if len(rows) >= self.rule.min_rows:
+            try:
+                return list(batch_tokens(self.twin, rows)), True
+            except VoxmillError as exc:
+                log.warning("a batch of %d failed (%s); its rows run alone", len(rows), exc.message)
         alone: list[list[int] | VoxmillError] = []
         for row in rows:
             try:
                 alone.append(checked_tokens(self.single, self.single.run(tokenizer_inputs(row))[0]))
             except VoxmillError as exc:
                 alone.append(exc)
-        return alone
+        return alone, False
+
+
+class JobGathering:
+    """Single jobs' tokens in shared batches, for a worker running several jobs at once (a threads
+    pool: N threads, one session per role; on a GPU, batch 1 leaves the device idle).
+
+    Each job hands over its clip's `TokenBatches`. The first to arrive leads: while fewer jobs wait
+    than run (`running()`), it waits for them, at most `wait_s`, and never when it runs alone;
+    then it runs every waiting clip's rows in batches and wakes their jobs. Jobs that arrive
+    meanwhile wait for the next leader.
+    """
+
+    def __init__(self, wait_s: float, running: Callable[[], int]) -> None:
+        self.wait_s = wait_s
+        self.running = running
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[TokenBatches, threading.Event]] = []
+        self._leading = False
+
+    def run(self, batches: TokenBatches) -> None:
+        """Run `batches`' clips with those of the jobs beside it; returns once they have tokens."""
+        if not batches.clips:
+            return
+        done = threading.Event()
+        with self._cond:
+            self._waiting.append((batches, done))
+            self._cond.notify_all()
+            lead, self._leading = not self._leading, True
+        if not lead:  # the leader has not taken the waiting list yet: it takes this job too
+            done.wait()
+            return
+        deadline = time.monotonic() + self.wait_s
+        with self._cond:
+            while len(self._waiting) < self.running() and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            taken, self._waiting, self._leading = self._waiting, [], False
+        try:
+            _run_together([b for b, _ in taken])
+        finally:
+            for _, event in taken:
+                event.set()
+
+
+def _run_together(jobs: list[TokenBatches]) -> None:
+    """The clips of several jobs' `TokenBatches` in shared batches, per batch file."""
+    shared: dict[int, TokenBatches] = {}
+    for job in jobs:
+        group = shared.setdefault(id(job.twin), TokenBatches(job.single, job.twin, job.rule))
+        group.clips += job.clips
+        job.clips = []
+    for group in shared.values():
+        clips = [clip for clip, _ in group.clips]
+        try:
+            group.run()
+        except Exception as exc:  # a bug: every clip of the batch fails with a code, no job hangs
+            log.exception("a gathered batch failed unexpectedly")
+            for clip in clips:
+                clip.error = clip.error or ErrorRecord(errors.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 ClipSource = tuple[str, Source | VoxmillError, Segment | None]
@@ -287,12 +360,14 @@ def run_clips(
     limits: AudioLimits,
     speech: SpeechCheck | None,
     rule: BatchRule,
+    gathering: JobGathering | None = None,
 ) -> list[TaskResult]:
     """Each clip's result, in order, as `run_clip` gives it, the tokens of those the rule takes
     from batches of the tokenizer's twin (`sessions[tokenizer].twin`, which must be loaded).
 
     `clips`: (label, what to read or why it cannot be read, segment); it is consumed as the clips
-    are decoded, so a read-ahead stays ahead of the model.
+    are decoded, so a read-ahead stays ahead of the model. With `gathering`, the clips' tokens
+    share batches with those of the jobs running beside this one.
     """
     tokenizer = sessions[ROLE_TOKENIZER]
     if tokenizer.twin is None:
@@ -309,7 +384,10 @@ def run_clips(
             clip.audio = None  # what waits is its log-mel windows, not its samples
         if waiting.full:
             waiting.run()
-    waiting.run()
+    if gathering is None:
+        waiting.run()
+    else:
+        gathering.run(waiting)
     return [clip.result() for clip in runs]
 
 

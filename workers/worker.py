@@ -34,6 +34,7 @@ from celery import Celery, signals
 
 from pipeline.allocator import fix_mmap_threshold
 from pipeline.audio.vad import SpeechCheck, shared_detector
+from pipeline.batching import JobGathering
 from pipeline.errors import ModelUnavailable
 from pipeline.inference import SERVING_IMPORTS
 from pipeline.models.options import SessionOptions
@@ -92,6 +93,7 @@ class WorkerProcess:
         self.redis: Any = None
         self.holder: ModelHolder | None = None
         self.coordinator: ReloadCoordinator | None = None
+        self.gathering: JobGathering | None = None  # single jobs' tokens in shared batches (threads)
         self._running: dict[str, None] = {}  # ids of the tasks this process runs (several: threads pool)
         self._running_lock = threading.Lock()
 
@@ -137,6 +139,9 @@ class WorkerProcess:
             name=worker_id,
             batch_twins=self.settings.batch_tokenize != "off",
         )
+        if self.pool == "threads" and self.settings.batch_gather_ms > 0:  # jobs run side by side
+            holder = self.holder
+            self.gathering = JobGathering(self.settings.batch_gather_ms / 1000, lambda: holder.running_tasks)
         self.coordinator = ReloadCoordinator(
             self.settings,
             self.holder,

@@ -11,7 +11,7 @@ serves in its place.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ class RoleSpec:
     profiles: dict[str, tuple[int, ...]] = field(default_factory=dict)
     variants: tuple[Variant, ...] = ()
     batch_glob: str | None = None
+    batch_profiles: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def matches_name(self, file_name: str) -> bool:
         """A file of this role: the one that serves, or a batch file."""
@@ -88,6 +89,12 @@ class RoleSpec:
 
     def is_batch_name(self, file_name: str) -> bool:
         return self.batch_glob is not None and fnmatch.fnmatch(file_name, self.batch_glob)
+
+    def for_file(self, file_name: str) -> RoleSpec:
+        """The spec a file loads with: a batch file's TensorRT shapes are `batch_profiles`."""
+        if self.is_batch_name(file_name) and self.batch_profiles:
+            return replace(self, profiles=self.batch_profiles)
+        return self
 
     def serves_name(self, file_name: str) -> bool:
         """A file that may serve the role (the batch glob is inside the file glob: excluded)."""
@@ -196,4 +203,5 @@ def _role_from_dict(role: str, data: dict[str, Any]) -> RoleSpec:
         profiles={k: tuple(v) for k, v in data.get("profiles", {}).items()},
         variants=variants,
         batch_glob=data.get("batch_file_glob"),
+        batch_profiles={k: tuple(v) for k, v in data.get("batch_profiles", {}).items()},
     )

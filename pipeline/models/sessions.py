@@ -120,7 +120,7 @@ class ModelSession:
         import onnxruntime as ort
 
         started = time.perf_counter()
-        spec = registry.role(role)
+        spec = registry.role(role).for_file(path.name)
         available = ort.get_available_providers()
         choice = choose_providers(options.provider, available, options.provider_options)
         cache_state = "off"

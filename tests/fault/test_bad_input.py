@@ -1104,9 +1104,7 @@ def speech_rows(seen: dict[str, SpeechSeen]) -> list[tuple[str, str, str, str, s
     for case in SPEECH_CASES:
         got = seen[case.name]
         stats = got.on.stats or {}
-        message = (
-            got.on.error.message if got.on.error else f"accepted: {stats.get('duration_s'):g} s decoded"
-        )
+        message = got.on.error.message if got.on.error else f"accepted: {stats.get('duration_s'):g} s decoded"
         detected = f"{stats.get('speech_s', 0.0):.3f} s of {stats.get('duration_s', 0.0):.2f} s"
         rows.append((case.title, got.code, message, detected, got.off_code))
     return rows

@@ -28,7 +28,8 @@ def sha256(path: Path) -> str:
 def extract(corpus: Path, out: Path, models: Path, mode: str, *more: str) -> str:
     done = voxmill(
         "extract", str(corpus), "--out", str(out), "--models", str(models), "--workers", "2",
-        "--shard-size", "5", "--quiet", *more, env={"VOXMILL_BATCH_TOKENIZE": mode}, timeout=300,
+        "--shard-size", "5", "--quiet", *more, timeout=300,
+        env={"VOXMILL_BATCH_TOKENIZE": mode, "VOXMILL_BATCH_MIN_ROWS": "1"},  # batches of any size
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr

@@ -142,13 +142,13 @@ def test_a_source_refused_before_reading_keeps_its_place(
 
 def test_the_rule_by_provider_and_settings() -> None:
     assert BatchRule.from_settings(Settings(batch_tokenize="off"), "CPUExecutionProvider") is None
-    assert BatchRule.from_settings(Settings(), "CPUExecutionProvider") == BatchRule(8, 1600, 300)
+    assert BatchRule.from_settings(Settings(), "CPUExecutionProvider") == BatchRule(8, 1600, 300, 4)
     assert BatchRule.from_settings(Settings(), "CUDAExecutionProvider") == BatchRule(32, 96000, None)
     assert BatchRule.from_settings(Settings(batch_tokenize="on"), "CPUExecutionProvider") == BatchRule(
         8, 1600, None
     )
-    custom = Settings(batch_max_clips=4, batch_frame_budget=900, batch_max_clip_s=1.5)
-    assert BatchRule.from_settings(custom, "CPUExecutionProvider") == BatchRule(4, 900, 150)
+    custom = Settings(batch_max_clips=4, batch_frame_budget=900, batch_max_clip_s=1.5, batch_min_rows=2)
+    assert BatchRule.from_settings(custom, "CPUExecutionProvider") == BatchRule(4, 900, 150, 2)
     assert BatchRule(8, 1600, 300).takes(300) and not BatchRule(8, 1600, 300).takes(301)
 
 
@@ -182,3 +182,67 @@ def test_a_holder_loads_the_twin_only_when_batching_is_on(tiny_models: Path) -> 
         else:
             assert session.twin is None and "batch_file" not in described
         holder.close()
+
+
+def test_the_batch_file_gets_a_tensorrt_profile_of_gpu_batches(tiny_models: Path) -> None:
+    from pipeline.models.planning import _shape_profile
+
+    spec = REGISTRY.role("tokenizer")
+    assert spec.for_file(TOKENIZER_FILE) is spec
+    batch_spec = spec.for_file(TOKENIZER_BATCH_FILE)
+    assert batch_spec.profiles["max"] == (32, 128, 3000) and batch_spec.inputs == spec.inputs
+    profile = _shape_profile(batch_spec, (tiny_models / TOKENIZER_BATCH_FILE).read_bytes())
+    assert list(profile.max.values()) == [(32, 128, 3000), (32,)]
+    assert list(profile.opt.values()) == [(8, 128, 1000), (8,)]
+    single = _shape_profile(spec, (tiny_models / TOKENIZER_FILE).read_bytes())
+    assert list(single.max.values()) == [(1, 128, 3000), (1,)]
+
+
+def gathered(sessions: dict[str, ModelSession], paths: list[Path], gathering: Any) -> list[Any]:
+    """Each path as its own single job, all at once on threads, sharing `gathering`."""
+    import threading
+
+    results: list[Any] = [None] * len(paths)
+
+    def job(index: int) -> None:
+        clips = [(paths[index].name, paths[index], None)]
+        results[index] = run_clips(
+            clips, "tokenize", sessions, LIMITS, None, BatchRule(8, 1600, 300), gathering
+        )[0]
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(len(paths))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results
+
+
+def test_concurrent_single_jobs_share_one_batch(
+    sessions: dict[str, ModelSession], corpus: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.batching import JobGathering
+
+    twin = sessions["tokenizer"].twin
+    assert twin is not None
+    sizes: list[int] = []
+    real_run = twin.run
+    monkeypatch.setattr(twin, "run", lambda inputs: sizes.append(len(inputs[1])) or real_run(inputs))
+    short = [p for p in corpus if p.name.startswith("clip") and sf.info(p).duration <= 3.0][:4]
+    assert len(short) == 4
+    # Four jobs run: the first to arrive waits (at most 30 s) until all four have, then one batch.
+    results = gathered(sessions, short, JobGathering(30.0, lambda: 4))
+    assert sizes == [4]
+    expected = [run_clip(p.name, p, "tokenize", sessions, LIMITS) for p in short]
+    assert [r.speech_token for r in results] == [r.speech_token for r in expected]
+    assert all(r.models["tokenizer"].file == TOKENIZER_BATCH_FILE for r in results)
+
+
+def test_a_job_running_alone_never_waits(sessions: dict[str, ModelSession], corpus: list[Path]) -> None:
+    import time
+
+    from pipeline.batching import JobGathering
+
+    started = time.monotonic()
+    results = gathered(sessions, corpus[:1], JobGathering(600.0, lambda: 1))  # would wait 10 minutes
+    assert results[0].speech_token and time.monotonic() - started < 60

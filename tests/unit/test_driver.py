@@ -43,9 +43,7 @@ def test_a_shard_sent_max_attempts_times_is_given_up_unless_a_live_worker_runs_i
 
 
 def test_a_given_up_shard_says_why_with_the_last_failure_heard_of() -> None:
-    told = InFlight(
-        spec(5), 0.0, 4, failure=ErrorRecord(OUTPUT_ERROR, "cannot write x: Is a directory")
-    )
+    told = InFlight(spec(5), 0.0, 4, failure=ErrorRecord(OUTPUT_ERROR, "cannot write x: Is a directory"))
     code, message = given_up_reason(told)
     assert code == OUTPUT_ERROR
     assert message == (

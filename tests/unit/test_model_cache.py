@@ -81,9 +81,12 @@ def test_a_session_without_prepacking_writes_the_same_entry_and_gives_the_same_o
     path = model_path(models, role)
     packed = open_session(path, role, options(tmp_path / "packed"), REGISTRY)
     unpacked = open_session(path, role, options(tmp_path / "unpacked", prepack=False), REGISTRY)
-    assert _session_options(ort, options(None, prepack=False)).get_session_config_entry(
-        "session.disable_prepacking"
-    ) == "1"
+    assert (
+        _session_options(ort, options(None, prepack=False)).get_session_config_entry(
+            "session.disable_prepacking"
+        )
+        == "1"
+    )
     [a], [b] = entries(tmp_path / "packed"), entries(tmp_path / "unpacked")
     for name in sorted(p.name for p in a.iterdir() if p.name != ENTRY_FILE):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
@@ -205,9 +208,7 @@ def test_a_hashed_unchanged_file_is_not_read_again(models: Path, tmp_path: Path)
         assert not second.hashed and second.sha256 == truth
     session = ModelSession.load(path, "embedder", options(tmp_path / "cache"), REGISTRY)
     assert session.sha256 == truth and session.cache_state == "built"
-    assert (
-        ModelSession.load(path, "embedder", options(tmp_path / "cache"), REGISTRY).cache_state == "hit"
-    )
+    assert ModelSession.load(path, "embedder", options(tmp_path / "cache"), REGISTRY).cache_state == "hit"
 
 
 def test_a_file_rewritten_in_place_with_its_old_size_and_mtime_is_hashed_again(

@@ -40,9 +40,7 @@ def test_totals_unknown_until_the_listing_is_read_and_the_speed_counts_this_runs
 
 def test_the_summary_line_says_minutes_for_a_short_corpus() -> None:
     report = RunReport.from_dict({"utterances": 14, "audio_seconds": 95.0, "wall_seconds": 3.21})
-    assert summary_line(report) == (
-        "14 utterances, 1.6 min of audio in 3.2 s"
-    )
+    assert summary_line(report) == ("14 utterances, 1.6 min of audio in 3.2 s")
 
 
 def test_an_extract_tasks_failures_count_for_each_op_asked_as_the_table_does() -> None:

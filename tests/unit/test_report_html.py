@@ -104,9 +104,7 @@ def test_the_loader_reads_a_run_folder(tmp_path: Path) -> None:
         TaskResult(input=u.utt, op="embed", embedding=[0.0] * 4, audio_seconds=1.0 + i, stats=stats[i])
         for i, u in enumerate(utts[:3])
     ]
-    results.append(
-        TaskResult(input="u3", op="embed", error=ErrorRecord("no_speech", "m"), stats=stats[3])
-    )
+    results.append(TaskResult(input="u3", op="embed", error=ErrorRecord("no_speech", "m"), stats=stats[3]))
     write_shard(RunFolder.of(tmp_path), ShardSpec(0, "embed", str(tmp_path), utts[:2]), results[:2])
     time.sleep(0.05)
     write_shard(RunFolder.of(tmp_path), ShardSpec(1, "embed", str(tmp_path), utts[2:]), results[2:])

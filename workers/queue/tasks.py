@@ -34,7 +34,7 @@ from celery import Celery, Task
 from pipeline import errors
 from pipeline.audio.decode import Segment
 from pipeline.audio.sources import Source, prefetch_clips
-from pipeline.batching import BatchRule, ClipSource, run_clips
+from pipeline.batching import BatchRule, ClipSource, JobGathering, run_clips
 from pipeline.errors import ErrorRecord, ModelUnavailable, VoxmillError
 from pipeline.inference import run_clip
 from pipeline.outputs.folder import RunFolder
@@ -69,7 +69,8 @@ log = logging.getLogger("voxmill.tasks")
 class WorkerProcess(Protocol):
     """What a task needs of the process that runs it (`workers.worker.WorkerProcess` is one): its
     settings and limits, the roots it reads below, its speech check, metrics, Redis connection
-    (None without a broker) and the sessions of a task's models."""
+    (None without a broker), the sessions of a task's models, and where concurrent single jobs
+    share batches (None: they do not)."""
 
     settings: Settings
     roots: Roots
@@ -77,6 +78,7 @@ class WorkerProcess(Protocol):
     speech: SpeechCheck
     metrics: NoMetrics
     redis: Any
+    gathering: JobGathering | None
 
     def serving(self, roles: Sequence[str]) -> AbstractContextManager[dict[str, ModelSession]]: ...
 
@@ -158,7 +160,7 @@ def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, 
     started = time.perf_counter()
     try:
         with process.metrics.in_flight(), process.serving(ROLES_BY_OP[op]) as sessions:
-            result = run_clip(label, source, op, sessions, process.limits, process.speech)
+            result = _clip_results(process, op, [(label, source, None)], sessions, single_job=True)[0]
     except ModelUnavailable as exc:
         retries = process.settings.model_retries
         if task.request.retries >= retries:  # the producer is told why, as a result
@@ -275,16 +277,19 @@ def _clip_results(
     clips: Iterable[ClipSource],
     sessions: dict[str, ModelSession],
     limits: AudioLimits | None = None,
+    single_job: bool = False,
 ) -> list[TaskResult]:
     """Each clip's result, in order (`clips`: label, what to read or why it cannot be, segment):
     its tokens from batches where the tokenizer has a batch twin and the rule takes them
-    (`pipeline.batching`), else one clip at a time."""
+    (`pipeline.batching`), else one clip at a time. A `single_job` batches only with the jobs
+    running beside it (`process.gathering`), else runs alone."""
     limits = limits or process.limits
     tokenizer = sessions.get(ROLE_TOKENIZER)
-    if tokenizer is not None and tokenizer.twin is not None:
+    gathering = process.gathering if single_job else None
+    if tokenizer is not None and tokenizer.twin is not None and (gathering or not single_job):
         rule = BatchRule.from_settings(process.settings, tokenizer.twin.choice.serving)
         if rule is not None:
-            return run_clips(clips, op, sessions, limits, process.speech, rule)
+            return run_clips(clips, op, sessions, limits, process.speech, rule, gathering)
     return [
         TaskResult(input=label, op=op, error=source.record())
         if isinstance(source, VoxmillError)

@@ -130,6 +130,12 @@ class ModelHolder:
                 self._task_finished.notify_all()
             self.task_ended.set()
 
+    @property
+    def running_tasks(self) -> int:
+        """How many tasks hold their sessions now (several in a threads pool)."""
+        with self._lock:
+            return self._tasks_running
+
     def tasks_last_minute(self) -> int:
         with self._lock:
             while self._recent and self._recent[0] < time.time() - 60:

@@ -1,0 +1,39 @@
+"""A real `--pool threads` worker gathering concurrent single jobs' tokens into shared batches
+(issue 33, item 5), on the CPU: the plumbing and the exactness; its speed is a GPU's to show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from pipeline.inference import open_session, run_clip
+from pipeline.models.options import SessionOptions
+from pipeline.models.registry import Registry
+from pipeline.models.standin import TOKENIZER_BATCH_FILE, TOKENIZER_FILE
+from pipeline.settings import AudioLimits
+from tests.conftest import WorkerFactory, make_settings, wait_for
+from tests.helpers import make_audio_folder, worker_dicts
+from workers.queue.client import Client
+
+
+def test_a_threads_worker_gathers_concurrent_jobs_into_one_batch(
+    redis_url: str, tiny_models: Path, tmp_path: Path, start_worker: WorkerFactory
+) -> None:
+    audio = make_audio_folder(tmp_path / "audio", 8, 0.8, 2.5, seed=21)
+    paths = sorted(audio.rglob("*.wav"))
+    # A leader waits up to 3 s for the jobs running beside it; batches of any size count.
+    settings = make_settings(redis_url, tiny_models, [audio], batch_gather_ms=3000.0, batch_min_rows=1)
+    start_worker(settings, concurrency=4, queues=("tokenize",), pool="threads", wait=False)
+    broker = redis.Redis.from_url(redis_url)
+    wait_for(lambda: any(r.get("models") for r in worker_dicts(broker)), timeout_s=120)
+    results = Client(settings).run("tokenize", paths, timeout_s=120)
+
+    single = open_session(
+        tiny_models / TOKENIZER_FILE, "tokenizer", SessionOptions(provider="cpu"), Registry.load()
+    )
+    expected = [run_clip(p.name, p, "tokenize", {"tokenizer": single}, AudioLimits()) for p in paths]
+    assert [r.error for r in results] == [None] * len(paths)
+    assert [r.speech_token for r in results] == [e.speech_token for e in expected]
+    files = [r.models["tokenizer"].file for r in results]
+    assert files.count(TOKENIZER_BATCH_FILE) >= 2, files  # jobs that ran side by side shared batches
