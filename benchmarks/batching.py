@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def batch_rows(trace_dir: Path) -> Counter[int]:
 
 
 def compare_corpus(name: str, recipe: CorpusRecipe, count: int, models: Path, repeats: int) -> dict[str, Any]:
-    clips = make_corpus(recipe)[:count]
+    clips = make_corpus(replace(recipe, count=max(recipe.count, count)))[:count]
     manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{recipe.name}-{count}.jsonl")
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     sizes: Counter[int] = Counter()
@@ -155,16 +156,18 @@ def main() -> None:
     parser.add_argument("--mixed", type=int, default=MIXED.count, help="clips of the mixed corpus")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=60, help="single jobs per cluster")
+    parser.add_argument("--models", default="full", choices=("tiny", "full"), help="stand-in profile")
+    parser.add_argument("--out", type=Path, help="the result file (default results/batching.json)")
     parser.add_argument("--quick", action="store_true", help="60 and 30 clips, 1 repeat, 20 jobs")
     args = parser.parse_args()
     if args.quick:
         args.short, args.mixed, args.repeats, args.jobs = 60, 30, 1, 20
-    models = make_models("full")
+    models = make_models(args.models)
     load_before = load_average()
     data: dict[str, Any] = {
         "ops": OPS,
         "workers": 2,
-        "models": "full",
+        "models": args.models,
         "short": compare_corpus("short", SHORT, args.short, models, args.repeats),
         "mixed": compare_corpus("mixed", MIXED, args.mixed, models, args.repeats),
         "single_jobs": single_job_latency(models, args.jobs),
@@ -176,7 +179,9 @@ def main() -> None:
             f"{name}: on/off {part['ratio_on_to_off']['median']} (target {part['target']}), tokens "
             f"identical {part['tokens_identical']}, batch sizes {part['batch_sizes']}"
         )
-    print(write_result(results_dir(args.quick), "batching", data), file=sys.stderr)
+    folder, name = (args.out.parent, args.out.stem) if args.out else (results_dir(args.quick), "batching")
+    folder.mkdir(parents=True, exist_ok=True)
+    print(write_result(folder, name, data), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -178,6 +178,7 @@ def targets(results: dict[str, dict[str, Any]]) -> list[Target]:
             higher = key == "ratio_to_plain_loop"
             out.append((f"corpus of {at}: {label}", goal["measured"], goal["target"], show, higher))
     out += store_targets(results)
+    out += batching_targets(results.get("batching"))
     if (speech := results.get("speech-check-full")) and "target_embed_overhead" in speech:
         goal = speech["target_embed_overhead"]
         if embed_runs := speech.get("extract", {}).get("embed"):
@@ -202,6 +203,27 @@ def store_targets(results: dict[str, dict[str, Any]]) -> list[Target]:
         label = f"{sizing['utterances']:,} short clips without durations / plain loop"
         value = sizing["after"]["ratio_to_plain_loop"]
         out.append((label, value, sizing["target"]["ratio_to_plain_loop"], ratio, True))
+    return out
+
+
+def batching_targets(data: dict[str, Any] | None) -> list[Target]:
+    """The targets of `benchmarks/batching.py` (issue 33)."""
+    if not data:
+        return []
+    out: list[Target] = []
+    for name, what in (("short", "short clips"), ("mixed", "a mixed corpus")):
+        part = data[name]
+        out.append(
+            (
+                f"batched tokens on {what}: rate / unbatched",
+                part["ratio_on_to_off"],
+                part["target"],
+                times3,
+                True,
+            )
+        )
+    latency = data["single_jobs"]["ratio_on_to_off_p50"]
+    out.append(("batched tokens: single-job p50 / unbatched", latency, 1.10, times3, False))
     return out
 
 
@@ -599,6 +621,35 @@ def shard_sizing_section(data: dict[str, Any]) -> Lines:
     ]
 
 
+BATCHING_COLUMNS = ["corpus", "clips", "audio s", "off", "on", "on / off", "target", "same tokens", "batches"]
+
+
+def batching_section(data: dict[str, Any]) -> Lines:
+    rows = [
+        [name, f"{part['clips']:,}", fmt(part["audio_s"], 0), fmt(part["off_audio_s_per_s"], 1),
+         fmt(part["on_audio_s_per_s"], 1), fmt(part["ratio_on_to_off"], 3),
+         f"≥ {part['target']}", "yes" if part["tokens_identical"] else "NO",
+         ", ".join(f"{n}×{size}" for size, n in part["batch_sizes"].items()) or "none"]
+        for name, part in (("short (1–3 s)", data["short"]), ("mixed (1–25 s)", data["mixed"]))
+    ]  # fmt: skip
+    jobs = data["single_jobs"]
+    return [
+        "## Batched tokens",
+        "",
+        f"`python -m benchmarks.batching`: `voxmill extract --ops tokenize`, {data['workers']} workers, "
+        f"{data['models']} stand-ins (the tokenizer and its batch twin), `batch_tokenize` auto (the CPU "
+        "rule: clips up to 3 s, batches of 4–8 rows) against off, back to back in alternating order; audio "
+        "s/s and the ratio on / off; batch sizes as batches × rows.",
+        "",
+        *table(BATCHING_COLUMNS, rows),
+        "Single jobs through `Client` (a 2 s clip, tokenize, one at a time): p50 "
+        f"{fmt(jobs['auto']['p50_ms'], 1)} ms with batching on, {fmt(jobs['off']['p50_ms'], 1)} ms off "
+        f"({fmt(jobs['ratio_on_to_off_p50'], 3)}; target ≤ 1.10). Each worker also loads the batch file "
+        "at start, which a short run feels most (CHANGELOG 30 has smaller corpora).",
+        "",
+    ]
+
+
 def speech_check_section(data: dict[str, Any]) -> Lines:
     clip = data["per_clip"]
     rows = [[op, fmt(clip[op]["ms_per_audio_s"], 3)] for op in ("speech", "embed", "tokenize")]
@@ -656,6 +707,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], Lines]]] = [
     ("storage", storage_section),
     ("latency", latency_section),
     ("shard-sizing", shard_sizing_section),
+    ("batching", batching_section),
     ("speech-check-full", speech_check_section),
 ]
 

@@ -235,3 +235,25 @@ def test_the_shard_sizing_result_renders_with_its_target() -> None:
     assert [row.split(" | ")[1] for row in rows] == ["32", str(data["after"]["shard_size"])]
     target = targets_section({"shard-sizing": data})[4]
     assert "short clips without durations / plain loop" in target and "≥ 0.750" in target
+
+
+def test_batching_runs_and_reports(tmp_path: Path) -> None:
+    """`benchmarks.batching` end to end on tiny models: both corpora with batching on and off, the
+    same tokens, the batches the workers ran, single jobs, its section and targets."""
+    out = tmp_path / "batching.json"
+    args = ["--models", "tiny", "--short", "24", "--mixed", "8", "--repeats", "1", "--jobs", "3"]
+    run_benchmark(tmp_path / "work", "benchmarks.batching", *args, "--out", str(out))
+    data = json.loads(out.read_text())
+    assert data["short"]["tokens_identical"] and data["mixed"]["tokens_identical"]
+    assert data["short"]["clips"] == 24 and sum(data["short"]["batch_sizes"].values()) > 0
+    assert data["single_jobs"]["auto"]["p50_ms"] > 0 and data["single_jobs"]["off"]["p50_ms"] > 0
+    from benchmarks.report import batching_section
+
+    section = "\n".join(batching_section(data))
+    assert "| short (1–3 s) | 24 |" in section and "tiny stand-ins" in section
+    rows = targets_section({"batching": data})[4:-1]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| batched tokens on short clips: rate / unbatched",
+        "| batched tokens on a mixed corpus: rate / unbatched",
+        "| batched tokens: single-job p50 / unbatched",
+    ]
