@@ -56,7 +56,9 @@ def batch_rows(trace_dir: Path) -> Counter[int]:
     return sizes
 
 
-def compare_corpus(name: str, recipe: CorpusRecipe, count: int, models: Path, repeats: int) -> dict[str, Any]:
+def compare_corpus(
+    name: str, recipe: CorpusRecipe, count: int, models: Path, repeats: int, shard_size: int | None
+) -> dict[str, Any]:
     clips = make_corpus(replace(recipe, count=max(recipe.count, count)))[:count]
     manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{recipe.name}-{count}.jsonl")
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
@@ -67,7 +69,13 @@ def compare_corpus(name: str, recipe: CorpusRecipe, count: int, models: Path, re
         for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
             log(f"batching {name}: repeat {repeat + 1}/{repeats}: batch_tokenize={mode}")
             result = run_extract(
-                manifest, models, OPS, workers=2, settings={"VOXMILL_BATCH_TOKENIZE": mode}, keep=True
+                manifest,
+                models,
+                OPS,
+                workers=2,
+                shard_size=shard_size,
+                settings={"VOXMILL_BATCH_TOKENIZE": mode},
+                keep=True,
             )
             out_dir, trace_dir = Path(result.pop("out_dir")), Path(result.pop("trace_dir"))
             tokens[mode] = tokens_of(out_dir)
@@ -156,6 +164,7 @@ def main() -> None:
     parser.add_argument("--mixed", type=int, default=MIXED.count, help="clips of the mixed corpus")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=60, help="single jobs per cluster")
+    parser.add_argument("--shard-size", type=int, help="utterances per shard (default: the planner's)")
     parser.add_argument("--models", default="full", choices=("tiny", "full"), help="stand-in profile")
     parser.add_argument("--out", type=Path, help="the result file (default results/batching.json)")
     parser.add_argument("--quick", action="store_true", help="60 and 30 clips, 1 repeat, 20 jobs")
@@ -168,8 +177,8 @@ def main() -> None:
         "ops": OPS,
         "workers": 2,
         "models": args.models,
-        "short": compare_corpus("short", SHORT, args.short, models, args.repeats),
-        "mixed": compare_corpus("mixed", MIXED, args.mixed, models, args.repeats),
+        "short": compare_corpus("short", SHORT, args.short, models, args.repeats, args.shard_size),
+        "mixed": compare_corpus("mixed", MIXED, args.mixed, models, args.repeats, args.shard_size),
         "single_jobs": single_job_latency(models, args.jobs),
         "load_average": {"before": load_before, "after": load_average()},
     }

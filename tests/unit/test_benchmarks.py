@@ -241,7 +241,20 @@ def test_batching_runs_and_reports(tmp_path: Path) -> None:
     """`benchmarks.batching` end to end on tiny models: both corpora with batching on and off, the
     same tokens, the batches the workers ran, single jobs, its section and targets."""
     out = tmp_path / "batching.json"
-    args = ["--models", "tiny", "--short", "24", "--mixed", "8", "--repeats", "1", "--jobs", "3"]
+    args = [
+        "--models",
+        "tiny",
+        "--short",
+        "24",
+        "--mixed",
+        "8",
+        "--repeats",
+        "1",
+        "--jobs",
+        "3",
+        "--shard-size",
+        "12",
+    ]
     run_benchmark(tmp_path / "work", "benchmarks.batching", *args, "--out", str(out))
     data = json.loads(out.read_text())
     assert data["short"]["tokens_identical"] and data["mixed"]["tokens_identical"]
