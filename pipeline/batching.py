@@ -42,6 +42,7 @@ from pipeline.inference import (
     tokenizer_inputs,
     warm_up,
 )
+from pipeline.models.identity import FileIdentity
 from pipeline.models.options import SessionOptions
 from pipeline.models.providers import CPU
 from pipeline.models.registry import Registry, batch_name
@@ -203,14 +204,28 @@ def open_batch_session(
     return session
 
 
+def twin_path(session: ModelSession) -> Path:
+    """Where the batch twin of a session's file would be: `X.batch.onnx` beside `X.onnx`."""
+    return session.path.with_name(batch_name(session.path.name))
+
+
+def file_now(path: Path) -> FileIdentity | None:
+    try:
+        return FileIdentity.of(path)
+    except OSError:
+        return None
+
+
 def attach_twin(session: ModelSession, options: SessionOptions, registry: Registry) -> ModelSession:
-    """Load the batch twin of a tokenizer's file (`X.batch.onnx` beside `X.onnx`) into
-    `session.twin`, named as the single file's twin; a folder without one, or a twin that does not
-    load, leaves the single file serving alone (the reason logged)."""
-    path = session.path.with_name(batch_name(session.path.name))
+    """Load the batch twin of a tokenizer's file into `session.twin`, named as the single file's
+    twin; a folder without one, or a twin that does not load, leaves the single file serving alone
+    (the reason logged). `session.twin_file` is the twin's file as it was looked at."""
+    path = twin_path(session)
     if session.role != ROLE_TOKENIZER or not registry.role(ROLE_TOKENIZER).is_batch_name(path.name):
         return session
-    if not path.is_file():
+    session.twin_file = file_now(path)
+    if session.twin_file is None:
+        session.twin = None
         return session
     try:
         twin = open_batch_session(path, options, registry)

@@ -28,6 +28,7 @@ from pipeline.errors import VoxmillError
 from pipeline.models.cache import CacheEntry, ModelCache, cache_key, save_options
 from pipeline.models.files import PinnedModelFile, read_model_bytes, sha256_bytes
 from pipeline.models.host import HostInfo
+from pipeline.models.identity import FileIdentity
 from pipeline.models.options import SessionOptions
 from pipeline.models.planning import make_engine_dir, plan_providers
 from pipeline.models.providers import CPU, ProviderChoice, choose_providers, session_fallback_warning
@@ -85,6 +86,7 @@ class ModelSession:
         self.shrink_above = shrink_above  # see `shrink_above`
         self._shrink_options: Any = None
         self.twin: ModelSession | None = None  # a tokenizer's batch file beside it (`pipeline.batching`)
+        self.twin_file: FileIdentity | None = None  # that file as it was when the twin was (re)loaded
 
     @property
     def role(self) -> str:

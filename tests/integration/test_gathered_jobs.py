@@ -37,3 +37,28 @@ def test_a_threads_worker_gathers_concurrent_jobs_into_one_batch(
     assert [r.speech_token for r in results] == [e.speech_token for e in expected]
     files = [r.models["tokenizer"].file for r in results]
     assert files.count(TOKENIZER_BATCH_FILE) >= 2, files  # jobs that ran side by side shared batches
+
+
+def test_a_worker_reloads_a_batch_file_that_changed(
+    redis_url: str, tiny_models: Path, tmp_path: Path, start_worker: WorkerFactory
+) -> None:
+    import hashlib
+    import shutil
+
+    from pipeline.models.standin import make_standins
+
+    folder, other = tmp_path / "models", tmp_path / "seed1"
+    shutil.copytree(tiny_models, folder)
+    make_standins(other, seed=1)
+    settings = make_settings(redis_url, folder, [tmp_path], worker_reload_check_s=0.2)
+    start_worker(settings, queues=("tokenize",))
+    broker = redis.Redis.from_url(redis_url)
+
+    def batch_sha() -> str | None:
+        records = [r for r in worker_dicts(broker) if r.get("models", {}).get("tokenizer")]
+        return records[0]["models"]["tokenizer"].get("batch_file", {}).get("sha256") if records else None
+
+    assert batch_sha() == hashlib.sha256((folder / TOKENIZER_BATCH_FILE).read_bytes()).hexdigest()
+    shutil.copy(other / TOKENIZER_BATCH_FILE, folder / TOKENIZER_BATCH_FILE)  # the watcher publishes nothing
+    new = hashlib.sha256((other / TOKENIZER_BATCH_FILE).read_bytes()).hexdigest()
+    wait_for(lambda: batch_sha() == new, timeout_s=60)

@@ -246,3 +246,48 @@ def test_a_job_running_alone_never_waits(sessions: dict[str, ModelSession], corp
     started = time.monotonic()
     results = gathered(sessions, corpus[:1], JobGathering(600.0, lambda: 1))  # would wait 10 minutes
     assert results[0].speech_token and time.monotonic() - started < 60
+
+
+def test_a_changed_batch_file_is_reloaded_once_it_held_still() -> None:
+    from pipeline.models.identity import FileIdentity
+    from workers.reload.policy import twin_step
+
+    def at(mtime: int) -> FileIdentity:
+        return FileIdentity("m/speech_tokenizer_v2.batch.onnx", 1, 2, 3, mtime, mtime)
+
+    assert twin_step(at(1), None, at(1)) == "keep"
+    assert twin_step(at(1), at(1), at(2)) == "wait"  # changing
+    assert twin_step(at(1), at(2), at(3)) == "wait"  # still changing
+    assert twin_step(at(1), at(3), at(3)) == "reload"  # held still a round
+    assert twin_step(at(1), at(1), None) == "wait" and twin_step(at(1), None, None) == "reload"  # removed
+    assert twin_step(None, None, at(4)) == "wait" and twin_step(None, at(4), at(4)) == "reload"  # added
+
+
+def test_a_holder_reloads_the_twin_of_the_session_it_serves(tiny_models: Path, tmp_path: Path) -> None:
+    from pipeline.batching import file_now
+    from pipeline.models.standin import make_standins
+    from workers.reload.holder import ModelHolder
+
+    folder, other = tmp_path / "models", tmp_path / "seed1"
+    folder.mkdir()
+    for name in (TOKENIZER_FILE, TOKENIZER_BATCH_FILE):
+        shutil.copy(tiny_models / name, folder / name)
+    make_standins(other, seed=1)
+    holder = ModelHolder(["tokenizer"], OPTIONS, REGISTRY, batch_twins=True)
+    session = holder.load("tokenizer", folder / TOKENIZER_FILE)
+    holder.swap("tokenizer", session, 1)
+    first = session.twin
+    assert first is not None and session.twin_file == file_now(folder / TOKENIZER_BATCH_FILE)
+
+    shutil.copy(other / TOKENIZER_BATCH_FILE, folder / TOKENIZER_BATCH_FILE)  # new weights, same name
+    assert holder.reload_twin("tokenizer", session)
+    assert session.twin is not None and session.twin.sha256 != first.sha256
+    assert session.twin.ref.twin_sha256 == session.sha256
+
+    shutil.copy(folder / TOKENIZER_FILE, folder / TOKENIZER_BATCH_FILE)  # no batch axis: refused
+    kept = session.twin
+    assert not holder.reload_twin("tokenizer", session) and session.twin is kept
+    assert session.twin_file == file_now(folder / TOKENIZER_BATCH_FILE)  # not tried again until it changes
+
+    (folder / TOKENIZER_BATCH_FILE).unlink()
+    assert holder.reload_twin("tokenizer", session) and session.twin is None

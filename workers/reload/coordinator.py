@@ -30,6 +30,7 @@ from pathlib import Path
 import redis
 from redis.client import PubSub
 
+from pipeline.batching import file_now, twin_path
 from pipeline.errors import VoxmillError
 from pipeline.models.identity import FileIdentity
 from pipeline.models.registry import Registry
@@ -52,6 +53,7 @@ from workers.reload.policy import (
     after_failure,
     decide,
     slot_count,
+    twin_step,
 )
 
 log = logging.getLogger("voxmill.reload")
@@ -84,6 +86,7 @@ class ReloadCoordinator:
         self.worker_id = holder.name or f"{self.host}:{os.getpid()}"
         self.started_at = time.time()
         self.failures: dict[str, ReloadFailure] = {}
+        self._twin_seen: dict[str, FileIdentity | None] = {}  # each batch file at the last look
         self.redis = client
         self._slots: dict[str, str] = {}  # role -> the reload slot this process holds for it
         self._aside_key: str | None = None
@@ -242,7 +245,26 @@ class ReloadCoordinator:
             self._release_slot(role)
         if not awaiting:
             self._rejoin()
+        self._follow_twins()
         return waiting
+
+    def _follow_twins(self) -> None:
+        """Reload a tokenizer's batch file that changed and held still a round (`twin_step`)."""
+        if not self.holder.batch_twins:
+            return
+        for role, session in list(self.holder.sessions.items()):
+            now = file_now(twin_path(session))
+            step = twin_step(session.twin_file, self._twin_seen.get(role), now)
+            self._twin_seen[role] = now
+            if step == "reload" and self.holder.reload_twin(role, session):
+                twin = session.twin
+                log.info(
+                    "worker %s now batches %s with %s",
+                    self.worker_id,
+                    role,
+                    f"{twin.ref.file} (sha256 {twin.sha256[:12]})" if twin else "no batch file",
+                )
+                self.heartbeat()
 
     def view(self) -> ReloadView:
         """What the policy looks at. Candidates are read before generations: a verdict published

@@ -29,6 +29,7 @@ from pipeline.inference import open_session
 from pipeline.models.options import SessionOptions
 from pipeline.models.registry import Registry
 from pipeline.models.sessions import ModelSession
+from pipeline.records import ROLE_TOKENIZER
 from workers.metrics import NoMetrics
 
 log = logging.getLogger("voxmill.holder")
@@ -73,6 +74,16 @@ class ModelHolder:
         """Load and warm up `path` as the `role` model (and its batch twin), beside the one serving."""
         session = open_session(path, role, self.options, self.registry, expected_sha256=expected_sha256)
         return attach_twin(session, self.options, self.registry) if self.batch_twins else session
+
+    def reload_twin(self, role: str, session: ModelSession) -> bool:
+        """Load the batch file beside `session`'s again (it changed) and serve it from the next task
+        on; a running task keeps the twin it started with. False when none is served or it did not
+        load (the one before serves on)."""
+        if role != ROLE_TOKENIZER or session.session is None:
+            return False
+        before = session.twin
+        attach_twin(session, self.options, self.registry)
+        return session.twin is not before
 
     def swap(self, role: str, session: ModelSession, generation: int | None) -> ModelSession | None:
         """Make `session` the role's session between two tasks; returns the one it replaced.

@@ -202,3 +202,12 @@ def after_failure(
 def slot_count(reload_slots: int, peers: int) -> int:
     """`reload_slots`, or (0) half of this machine's live processes serving the role, at least 1."""
     return max(1, reload_slots if reload_slots > 0 else peers // 2)
+
+
+def twin_step(loaded: FileIdentity | None, seen: FileIdentity | None, now: FileIdentity | None) -> str:
+    """What a worker does about its tokenizer's batch file (`X.batch.onnx`), which the watcher does
+    not publish: `keep` it as loaded; `wait` while it changes (it differs from the last look);
+    `reload` once it held still for a round (also when it was removed: then none is served)."""
+    if now == loaded:
+        return "keep"
+    return "wait" if now != seen else "reload"
