@@ -39,8 +39,10 @@ from pipeline.inference import (
     merge_windows,
     models_of,
     run_op,
+    tokenize,
     tokenizer_inputs,
     warm_up,
+    warmup_wave,
 )
 from pipeline.models.identity import FileIdentity
 from pipeline.models.options import SessionOptions
@@ -58,7 +60,6 @@ FRAME_RATE_HZ = SAMPLE_RATE_HZ // HOP  # log-mel frames per second (100)
 # single runs, 5 s 1.0x, 10 s a loss): the default budget fills a batch of 8 with clips of 2 s.
 DEFAULT_MAX_BATCH = 8
 DEFAULT_FRAME_BUDGET = 8 * 200
-DEFAULT_MIN_ROWS = 4
 # On a GPU a batch always pays (issue 33: batch 1 leaves the device idle between launches).
 GPU_MAX_BATCH = 32
 GPU_FRAME_BUDGET = 32 * 3000
@@ -71,14 +72,14 @@ class BatchRule:
     """Which clips' tokens go through the batch file, and how batches are cut.
 
     A clip longer than `max_clip_frames` (None: no limit) is tokenized alone on the single file;
-    the others are gathered, `max_batch` rows and `frame_budget` padded frames at most a batch,
-    and a batch of fewer than `min_rows` rows runs row by row on the single file.
+    the others are gathered, `max_batch` rows and `frame_budget` padded frames at most a batch
+    (a batch of any size: 2 or 3 rows already paid on the CPU). Which file makes a clip's tokens
+    depends on its length only, never on the clips beside it.
     """
 
     max_batch: int = DEFAULT_MAX_BATCH
     frame_budget: int = DEFAULT_FRAME_BUDGET
     max_clip_frames: int | None = 300
-    min_rows: int = 1
 
     @classmethod
     def from_settings(cls, settings: Settings, serving: str) -> BatchRule | None:
@@ -87,12 +88,11 @@ class BatchRule:
             return None
         cpu = serving == CPU
         longest = int(settings.batch_max_clip_s * FRAME_RATE_HZ)
-        where_it_pays = cpu and settings.batch_tokenize == "auto"
+        where_it_pays = cpu and settings.batch_tokenize == "auto"  # on a GPU, and with `on`: every clip
         return cls(
             max_batch=settings.batch_max_clips or (DEFAULT_MAX_BATCH if cpu else GPU_MAX_BATCH),
             frame_budget=settings.batch_frame_budget or (DEFAULT_FRAME_BUDGET if cpu else GPU_FRAME_BUDGET),
             max_clip_frames=longest if where_it_pays else None,
-            min_rows=settings.batch_min_rows or (DEFAULT_MIN_ROWS if where_it_pays else 1),
         )
 
     def takes(self, frames: int) -> bool:
@@ -204,6 +204,25 @@ def open_batch_session(
     return session
 
 
+# Clips of the exactness check: one padded batch of two lengths, whose rows must be the single file's.
+CHECK_SECONDS = (1.3, 2.2)
+
+
+def check_exact(single: ModelSession, twin: ModelSession) -> None:
+    """`model_error` unless a padded batch through `twin` gives every row `single`'s tokens
+    (speech-like clips of `CHECK_SECONDS`): a batch file is used exactly or not at all."""
+    waves = [warmup_wave(seconds) for seconds in CHECK_SECONDS]
+    expected = [tokenize(single, wave) for wave in waves]
+    got = tokenize_batch(twin, waves, frame_budget=len(waves) * 1000, max_batch=len(waves))
+    differ = [f"{seconds} s" for seconds, a, b in zip(CHECK_SECONDS, expected, got, strict=True) if a != b]
+    if differ:
+        raise VoxmillError(
+            errors.MODEL_ERROR,
+            f"{twin.path.name} gives other tokens than {single.path.name} for the {', '.join(differ)} "
+            "clip(s) of a padded batch: it is not used",
+        )
+
+
 def twin_path(session: ModelSession) -> Path:
     """Where the batch twin of a session's file would be: `X.batch.onnx` beside `X.onnx`."""
     return session.path.with_name(batch_name(session.path.name))
@@ -229,6 +248,7 @@ def attach_twin(session: ModelSession, options: SessionOptions, registry: Regist
         return session
     try:
         twin = open_batch_session(path, options, registry)
+        check_exact(session, twin)
     except VoxmillError as exc:
         log.warning("batch tokenizer %s not used: %s", path, exc.message)
         return session
@@ -291,13 +311,12 @@ class TokenBatches:
         self.clips = []
 
     def _tokens(self, rows: list[FloatArray]) -> tuple[list[list[int] | VoxmillError], bool]:
-        """The rows' tokens, and whether the batch file made them: a batch too small to pay
-        (`min_rows`), or one whose run failed, runs row by row on the single file."""
-        if len(rows) >= self.rule.min_rows:
-            try:
-                return list(batch_tokens(self.twin, rows)), True
-            except VoxmillError as exc:
-                log.warning("a batch of %d failed (%s); its rows run alone", len(rows), exc.message)
+        """The rows' tokens, and whether the batch file made them: a batch whose run failed runs
+        row by row on the single file."""
+        try:
+            return list(batch_tokens(self.twin, rows)), True
+        except VoxmillError as exc:
+            log.warning("a batch of %d failed (%s); its rows run alone", len(rows), exc.message)
         alone: list[list[int] | VoxmillError] = []
         for row in rows:
             try:

@@ -108,9 +108,6 @@ class Settings(BaseSettings):
         "Most log-mel frames (100 a second) a batch holds once padded (rows x its longest row); 0: 1,600 "
         "on the CPU (8 clips of 2 s), 96,000 on a GPU (32 windows of 30 s).",
     )
-    batch_min_rows: int = _f(
-        0, "A batch of fewer rows runs row by row on the single file; 0: 4 with auto on the CPU, else 1."
-    )
     batch_gather_ms: float = _f(
         3.0,
         "In a --pool threads worker, a single job's tokens wait at most this long for those of the jobs "

@@ -75,3 +75,12 @@ def read_outputs(out_dir: Path) -> dict[str, object]:
         report.pop(volatile, None)
     outputs["report.json"] = report
     return outputs
+
+
+def reexported(source: Path, target: Path) -> None:
+    """The same model under other bytes (a new export of the same weights): another sha256."""
+    import onnx
+
+    model = onnx.load(str(source))
+    model.doc_string = f"re-exported {uuid.uuid4().hex}"
+    onnx.save(model, str(target))

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from pipeline.batching import open_batch_session
+from pipeline.batching import check_exact, open_batch_session
 from pipeline.errors import VoxmillError
 from pipeline.inference import open_session
 from pipeline.models.engines import EngineBuild, installed_engine_status
@@ -34,19 +34,25 @@ def describe_folder(folder: Path, load: bool, settings: Settings | None = None) 
         rows.append(describe_file(registry, role, path, load, settings))
         twin = registry.find_batch_model(role, folder)
         if twin is not None:
-            rows.append(describe_file(registry, role, twin, load, settings, batch=True))
+            rows.append(describe_file(registry, role, twin, load, settings, batch_of=path))
     return rows
 
 
 def describe_file(
-    registry: Registry, role: str, path: Path, load: bool, settings: Settings | None, batch: bool = False
+    registry: Registry,
+    role: str,
+    path: Path,
+    load: bool,
+    settings: Settings | None,
+    batch_of: Path | None = None,
 ) -> dict[str, Any]:
     """Size, sha256, recognised variant, and (with `load`) load/warm-up results of one file.
 
-    A `batch` file is loaded as a batch tokenizer (`open_batch_session`): its batch axes checked too.
+    The batch twin of the file `batch_of` is loaded as a batch tokenizer (`open_batch_session`):
+    its batch axes checked too, and a padded batch's tokens compared with that file's (`check_exact`).
     """
     row: dict[str, Any] = {"role": role, "file": path.name, "path": str(path), "size": path.stat().st_size}
-    if batch:
+    if batch_of is not None:
         row["batch"] = True
     try:
         sha256 = hash_model_file(path)  # streamed: listing never holds a model in memory
@@ -60,11 +66,16 @@ def describe_file(
         )
         if load:
             options = SessionOptions.from_settings(settings) if settings else SessionOptions()
-            opened = (
-                open_batch_session(path, options, registry)
-                if batch
-                else open_session(path, role, options, registry)
-            )
+            if batch_of is None:
+                opened = open_session(path, role, options, registry)
+            else:
+                opened = open_batch_session(path, options, registry)
+                single = open_session(batch_of, role, options, registry)
+                try:
+                    check_exact(single, opened)
+                finally:
+                    single.close()
+                row["same_tokens_as"] = batch_of.name
             row.update(opened.describe())
             opened.close()
             row["engine"] = installed_engine_status(sha256, options.provider_options).to_dict()

@@ -29,7 +29,7 @@ def extract(corpus: Path, out: Path, models: Path, mode: str, *more: str) -> str
     done = voxmill(
         "extract", str(corpus), "--out", str(out), "--models", str(models), "--workers", "2",
         "--shard-size", "5", "--quiet", *more, timeout=300,
-        env={"VOXMILL_BATCH_TOKENIZE": mode, "VOXMILL_BATCH_MIN_ROWS": "1"},  # batches of any size
+        env={"VOXMILL_BATCH_TOKENIZE": mode},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr

@@ -13,7 +13,7 @@ from pipeline.models.registry import Registry
 from pipeline.models.standin import TOKENIZER_BATCH_FILE, TOKENIZER_FILE
 from pipeline.settings import AudioLimits
 from tests.conftest import WorkerFactory, make_settings, wait_for
-from tests.helpers import make_audio_folder, worker_dicts
+from tests.helpers import make_audio_folder, reexported, worker_dicts
 from workers.queue.client import Client
 
 
@@ -22,8 +22,8 @@ def test_a_threads_worker_gathers_concurrent_jobs_into_one_batch(
 ) -> None:
     audio = make_audio_folder(tmp_path / "audio", 8, 0.8, 2.5, seed=21)
     paths = sorted(audio.rglob("*.wav"))
-    # A leader waits up to 3 s for the jobs running beside it; batches of any size count.
-    settings = make_settings(redis_url, tiny_models, [audio], batch_gather_ms=3000.0, batch_min_rows=1)
+    # A leader waits up to 3 s for the jobs running beside it.
+    settings = make_settings(redis_url, tiny_models, [audio], batch_gather_ms=3000.0)
     start_worker(settings, concurrency=4, queues=("tokenize",), pool="threads", wait=False)
     broker = redis.Redis.from_url(redis_url)
     wait_for(lambda: any(r.get("models") for r in worker_dicts(broker)), timeout_s=120)
@@ -45,11 +45,10 @@ def test_a_worker_reloads_a_batch_file_that_changed(
     import hashlib
     import shutil
 
-    from pipeline.models.standin import make_standins
-
-    folder, other = tmp_path / "models", tmp_path / "seed1"
+    folder, other = tmp_path / "models", tmp_path / "other"
     shutil.copytree(tiny_models, folder)
-    make_standins(other, seed=1)
+    other.mkdir()
+    reexported(tiny_models / TOKENIZER_BATCH_FILE, other / TOKENIZER_BATCH_FILE)  # same weights, new bytes
     settings = make_settings(redis_url, folder, [tmp_path], worker_reload_check_s=0.2)
     start_worker(settings, queues=("tokenize",))
     broker = redis.Redis.from_url(redis_url)

@@ -21,6 +21,7 @@ from pipeline.models.registry import Registry
 from pipeline.models.sessions import ModelSession
 from pipeline.models.standin import TOKENIZER_BATCH_FILE, TOKENIZER_FILE
 from pipeline.settings import AudioLimits, Settings
+from tests.helpers import reexported
 from tests.unit.test_batching import speechlike
 
 REGISTRY = Registry.load()
@@ -142,13 +143,13 @@ def test_a_source_refused_before_reading_keeps_its_place(
 
 def test_the_rule_by_provider_and_settings() -> None:
     assert BatchRule.from_settings(Settings(batch_tokenize="off"), "CPUExecutionProvider") is None
-    assert BatchRule.from_settings(Settings(), "CPUExecutionProvider") == BatchRule(8, 1600, 300, 4)
+    assert BatchRule.from_settings(Settings(), "CPUExecutionProvider") == BatchRule(8, 1600, 300)
     assert BatchRule.from_settings(Settings(), "CUDAExecutionProvider") == BatchRule(32, 96000, None)
     assert BatchRule.from_settings(Settings(batch_tokenize="on"), "CPUExecutionProvider") == BatchRule(
         8, 1600, None
     )
-    custom = Settings(batch_max_clips=4, batch_frame_budget=900, batch_max_clip_s=1.5, batch_min_rows=2)
-    assert BatchRule.from_settings(custom, "CPUExecutionProvider") == BatchRule(4, 900, 150, 2)
+    custom = Settings(batch_max_clips=4, batch_frame_budget=900, batch_max_clip_s=1.5)
+    assert BatchRule.from_settings(custom, "CPUExecutionProvider") == BatchRule(4, 900, 150)
     assert BatchRule(8, 1600, 300).takes(300) and not BatchRule(8, 1600, 300).takes(301)
 
 
@@ -279,15 +280,36 @@ def test_a_holder_reloads_the_twin_of_the_session_it_serves(tiny_models: Path, t
     first = session.twin
     assert first is not None and session.twin_file == file_now(folder / TOKENIZER_BATCH_FILE)
 
-    shutil.copy(other / TOKENIZER_BATCH_FILE, folder / TOKENIZER_BATCH_FILE)  # new weights, same name
+    reexported(tiny_models / TOKENIZER_BATCH_FILE, folder / TOKENIZER_BATCH_FILE)  # new bytes, same weights
     assert holder.reload_twin("tokenizer", session)
     assert session.twin is not None and session.twin.sha256 != first.sha256
     assert session.twin.ref.twin_sha256 == session.sha256
 
-    shutil.copy(folder / TOKENIZER_FILE, folder / TOKENIZER_BATCH_FILE)  # no batch axis: refused
+    shutil.copy(other / TOKENIZER_BATCH_FILE, folder / TOKENIZER_BATCH_FILE)  # other weights: refused
     kept = session.twin
     assert not holder.reload_twin("tokenizer", session) and session.twin is kept
     assert session.twin_file == file_now(folder / TOKENIZER_BATCH_FILE)  # not tried again until it changes
 
     (folder / TOKENIZER_BATCH_FILE).unlink()
     assert holder.reload_twin("tokenizer", session) and session.twin is None
+
+
+def test_a_batch_file_with_other_tokens_is_not_used(
+    tiny_models: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pipeline.models.standin import make_standins
+    from workers.models import describe_folder
+
+    folder, other = tmp_path / "models", tmp_path / "seed1"
+    folder.mkdir()
+    make_standins(other, seed=1)
+    shutil.copy(tiny_models / TOKENIZER_FILE, folder / TOKENIZER_FILE)
+    shutil.copy(other / TOKENIZER_BATCH_FILE, folder / TOKENIZER_BATCH_FILE)  # a batch axis, other weights
+    session = attach_twin(
+        open_session(folder / TOKENIZER_FILE, "tokenizer", OPTIONS, REGISTRY), OPTIONS, REGISTRY
+    )
+    assert session.twin is None and "gives other tokens than speech_tokenizer_v2.onnx" in caplog.text
+    rows = describe_folder(folder, load=True)
+    assert rows[0]["ok"] and not rows[1]["ok"] and "other tokens" in rows[1]["error"]["message"]
+    good = describe_folder(tiny_models, load=True)
+    assert good[1]["ok"] and good[1]["same_tokens_as"] == TOKENIZER_FILE
