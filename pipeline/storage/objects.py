@@ -77,9 +77,20 @@ Reserve = Callable[[int], None]
 
 
 def _kind(exc: BaseException) -> str:
-    """'missing', 'refused', 'transient' or 'other' for an exception a store client raised."""
+    """'missing', 'refused', 'transient' or 'other' for an exception a store client raised.
+
+    fsspec's HTTP `info` raises FileNotFoundError for any failed HEAD-then-GET: its cause says
+    whether the object is missing (404, 410) or the server failed (5xx, a dropped connection).
+    """
     if isinstance(exc, FileNotFoundError):
-        return "missing"
+        cause = exc.__cause__
+        if cause is None or isinstance(cause, FileNotFoundError):
+            return "missing"
+        status = getattr(cause, "status", None)
+        if isinstance(status, int) and status in (404, 410):
+            return "missing"
+        inner = _kind(cause)
+        return "missing" if inner == "other" and not isinstance(status, int) else inner
     if isinstance(exc, PermissionError):
         return "refused"
     names = {cls.__name__ for cls in type(exc).__mro__}

@@ -298,3 +298,52 @@ def test_every_string_of_a_job_is_bounded_before_it_is_used(field: str, tmp_path
         decode_job(url_job, [tmp_path], ("https://h/corpus",), 4096)
     assert url.value.code == BAD_REQUEST and "the limit is 4096" in url.value.message
     assert decode_job({"audio": b"RIFF", "name": "n" * 4096}, [tmp_path], (), 4096) == ("n" * 4096, b"RIFF")
+
+
+def test_an_http_server_that_fails_is_retried_and_only_a_404_is_not_found() -> None:
+    """fsspec turns any failed HEAD-then-GET into FileNotFoundError: a 5xx is still retried and
+    said as `store_error`, a 404 is `not_found` (a real HTTP server on loopback)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    failures = {"/flaky.wav": 2, "/down.wav": 10**6}
+    served: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_HEAD(self) -> None:
+            self.answer()
+
+        def do_GET(self) -> None:
+            self.answer()
+
+        def answer(self) -> None:
+            served.append(self.path)
+            if self.path not in failures:
+                self.send_error(404)
+            elif failures[self.path] > 0:
+                failures[self.path] -= 1
+                self.send_error(503)
+            else:
+                self.send_response(200)
+                self.send_header("Content-Length", "4")
+                self.end_headers()
+                if self.command == "GET":
+                    self.wfile.write(b"RIFF")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert objects.url_size(f"{base}/flaky.wav") == 4  # two 503s (HEAD and GET), then an answer
+        with pytest.raises(VoxmillError) as down:
+            objects.url_size(f"{base}/down.wav")
+        assert down.value.code == STORE_ERROR and served.count("/down.wav") == 2 * objects.RETRY_ATTEMPTS
+        with pytest.raises(VoxmillError) as missing:
+            objects.url_size(f"{base}/gone.wav")
+        assert missing.value.code == NOT_FOUND and served.count("/gone.wav") == 2  # HEAD, GET: no retry
+    finally:
+        server.shutdown()
+        server.server_close()
