@@ -1,12 +1,13 @@
 """The clips' mean duration that sizes a plan's shards (`pipeline.corpus.sharding.shard_size_for_durations`):
 listed (`utt2dur`, a manifest's `duration`, a segment's bounds) or, when the listing gives none, read
-from the headers of a few of its local files.
+from the headers of a few of its files.
 
 A listing without durations is common (CosyVoice's data preparation writes no `utt2dur`; a folder
 of files never has one), and its short clips cut 32 to a shard ran at 0.56 of a plain loop on fast
 models instead of about 0.8 (issue 34). A header read (libsndfile, no decode) costs well under a
-millisecond on a local disk: a sample of `HEADER_SAMPLE` costs little before the first shard.
-Object URLs are not read: a GET each (10-50 ms on a real bucket) before any shard is planned.
+millisecond on a local disk: a sample of `HEADER_SAMPLE` costs little before the first shard. Object
+URLs cost a GET each (10-50 ms on a real bucket; a short clip is read whole): they are read
+`in_flight` at once, so 64 of them cost the planner about 8 round trips before its first shard.
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ def listed_mean(utts: Sequence[Utterance]) -> float | None:
 def header_sample(utts: Sequence[Utterance], most: int = HEADER_SAMPLE) -> list[str]:
     """The paths whose headers stand for `utts`' durations: up to `most`, evenly spread over them.
 
-    None at all unless every one is a whole local file (an absolute path): an object URL would
-    cost a GET, a tar member is known only inside its tar, and a segment's length is its bounds,
-    not its recording's.
+    None at all unless every one is a whole file, local (an absolute path) or an object URL: a
+    segment's length is its bounds, not its recording's.
     """
-    if not all(u.path.startswith("/") and not is_url(u.path) and not u.is_segment for u in utts):
+    if not all((u.path.startswith("/") or is_url(u.path)) and not u.is_segment for u in utts):
         return []
     count = min(most, len(utts))
     return [utts[i * len(utts) // count].path for i in range(count)]
@@ -58,20 +58,27 @@ def sample_mean(seconds: Sequence[float | None], least: int = LEAST_READ) -> flo
 
 
 def header_seconds(path: str, limits: AudioLimits) -> float | None:
-    """A local file's duration from its header, or None when it cannot be read.
+    """A file's or an object's duration from its header, or None when it cannot be read.
 
-    `open_source` opens regular files only (never a FIFO or a device) within `max_file_bytes`.
-    libsndfile only: audioread's fallback would start a decoder process per file, and a file it
-    cannot read is merely left out of the sample.
+    `open_source` opens regular files only (never a FIFO or a device) and objects within
+    `max_file_bytes`. libsndfile only: audioread's fallback would start a decoder process per
+    file, and a file it cannot read is merely left out of the sample.
     """
     try:
-        with open_source(Path(path), limits) as opened:
+        with open_source(path if is_url(path) else Path(path), limits) as opened:
             sound = opened.soundfile()
             return sound.frames / sound.samplerate if sound.samplerate > 0 else None
     except (VoxmillError, OSError, ValueError, RuntimeError, sf.SoundFileError):
         return None
 
 
-def headers_mean(utts: Sequence[Utterance], limits: AudioLimits) -> float | None:
-    """The mean duration of a header sample of `utts` (`header_sample`), when enough were read."""
-    return sample_mean([header_seconds(path, limits) for path in header_sample(utts)])
+def headers_mean(utts: Sequence[Utterance], limits: AudioLimits, in_flight: int = 8) -> float | None:
+    """The mean duration of a header sample of `utts` (`header_sample`), when enough were read;
+    objects `in_flight` at once, local files one after another."""
+    paths = header_sample(utts)
+    if not any(is_url(path) for path in paths) or in_flight <= 1:
+        return sample_mean([header_seconds(path, limits) for path in paths])
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(in_flight, thread_name_prefix="voxmill-headers") as pool:
+        return sample_mean(list(pool.map(lambda path: header_seconds(path, limits), paths)))

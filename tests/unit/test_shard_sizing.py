@@ -60,15 +60,15 @@ def test_listed_durations_give_their_mean_only_when_every_utterance_lists_one() 
     assert listed_mean([]) is None
 
 
-def test_the_header_sample_is_spread_over_local_whole_files_only() -> None:
+def test_the_header_sample_is_spread_over_whole_files_only() -> None:
     local = utts([f"/data/c{i}.wav" for i in range(1000)])
     sample = header_sample(local, most=64)
     assert len(sample) == 64 and len(set(sample)) == 64
     assert sample[0] == "/data/c0.wav" and sample[-1] == "/data/c984.wav"  # evenly spread to the end
     assert header_sample(local[:5], most=64) == [f"/data/c{i}.wav" for i in range(5)]
-    # One object URL, relative path or segment among them: no header is read at all.
-    assert header_sample([*local[:9], Utterance("x", "s3://bucket/x.wav")]) == []
-    assert header_sample([*local[:9], Utterance("x", "https://host/x.wav")]) == []
+    # Object URLs are whole files too; a relative path or a segment among them: no header is read.
+    assert header_sample([*local[:9], Utterance("x", "s3://bucket/x.wav")])[-1] == "s3://bucket/x.wav"
+    assert len(header_sample([*local[:9], Utterance("x", "https://host/x.wav")])) == 10
     assert header_sample([*local[:9], Utterance("x", "rel/x.wav")]) == []
     assert header_sample([*local[:9], Utterance("x", "/rec.wav", start_s=1.0, end_s=None)]) == []
     assert header_sample([]) == []
@@ -131,3 +131,65 @@ def test_the_size_read_from_headers_is_kept_by_a_resume_whatever_the_files_say_n
     (out / "plan" / "complete.json").unlink()  # a plan interrupted before its end: read and compared
     assert plan(data, out, workers=2) == first
     assert header_size(out) == 40
+
+
+def test_the_headers_of_objects_are_read_a_few_at_once(tmp_path: Path) -> None:
+    """A listing of http URLs without durations: a sample of their headers, from a real HTTP
+    server on loopback, 4 requests at most at once; a missing object is left out of the sample."""
+    import io
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import numpy as np
+    import soundfile as sf
+
+    from pipeline.corpus.durations import headers_mean
+    from pipeline.settings import AudioLimits
+
+    objects: dict[str, bytes] = {}
+    for index in range(20):
+        buffer = io.BytesIO()
+        sf.write(buffer, np.zeros(int(16000 * (1.0 + 0.1 * index)), dtype=np.float32), 16000, format="WAV")
+        objects[f"/c{index}.wav"] = buffer.getvalue()
+    state = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_HEAD(self) -> None:
+            self.answer(False)
+
+        def do_GET(self) -> None:
+            self.answer(True)
+
+        def answer(self, body: bool) -> None:
+            with lock:
+                state["now"] += 1
+                state["most"] = max(state["most"], state["now"])
+            time.sleep(0.02)
+            data = objects.get(self.path)
+            with lock:
+                state["now"] -= 1
+            if data is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        listing = utts([f"{base}/c{i}.wav" for i in range(20)] + [f"{base}/missing.wav"])
+        mean = headers_mean(listing, AudioLimits(), in_flight=4)
+        assert mean is not None and abs(mean - (1.0 + 0.1 * 9.5)) < 1e-6
+        assert 1 < state["most"] <= 4
+    finally:
+        server.shutdown()
+        server.server_close()

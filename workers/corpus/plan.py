@@ -195,6 +195,7 @@ class Planner:
         self.fixed_size = shard_size
         self.shard_seconds = settings.shard_seconds
         self.limits = settings.audio_limits
+        self.reads_in_flight = settings.reads_in_flight
         self.max_text_chars = settings.max_text_chars
         self.workers = workers
         self.header: PlanHeader | None = self._existing_header()
@@ -355,8 +356,8 @@ class Planner:
         self._read_ahead(utts, DURATION_SAMPLE)
         mean_s = listed_mean(self._buffered)
         if mean_s is None and self.shard_seconds > 0:
-            # Nothing listed: a sample of local files' headers (a listing of URLs stays by count).
-            mean_s = headers_mean(self._buffered, self.limits)
+            # Nothing listed: a sample of the files' headers (objects read a few at once).
+            mean_s = headers_mean(self._buffered, self.limits, self.reads_in_flight)
         if mean_s is None:
             return self.requested
         return shard_size_for_durations(mean_s, self.requested, self.shard_seconds, MAX_SHARD_SIZE)
