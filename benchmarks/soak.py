@@ -72,6 +72,7 @@ CLIP_SECONDS = (
 RESULT_PREFIX = "celery-task-meta-"
 TASK_LINE = re.compile(r"\] task (\S+) op=")
 MGET_BATCH = 500
+SUBMIT_CHUNK = 50
 POLL_S = 0.25
 RSS_TARGET = 0.10
 MB = 1024 * 1024
@@ -173,14 +174,23 @@ def rss_bytes(pids: list[int]) -> dict[int, int]:
     return {pid: psutil.Process(pid).memory_info().rss for pid in pids}
 
 
-def submit(soak: Soak, count: int, offset: int = 0) -> tuple[list[Job], float]:
-    """Queue `count` jobs (ops and clips in turn) by path; the jobs and the seconds it took."""
+def submit(
+    soak: Soak, count: int, offset: int = 0, watch: ResultWatch | None = None
+) -> tuple[list[Job], float]:
+    """Queue `count` jobs (ops and clips in turn) by path; the jobs and the seconds it took.
+
+    With `watch`, its results are polled every `SUBMIT_CHUNK` jobs: a result lives only
+    `result_expires_s`, and on a loaded machine submitting takes longer than that."""
     assert soak.client is not None
     started = time.perf_counter()
-    jobs = [
-        soak.client.submit(OPS[i % len(OPS)], soak.clips[(i // len(OPS)) % len(soak.clips)])
-        for i in range(offset, offset + count)
-    ]
+    jobs: list[Job] = []
+    for i in range(offset, offset + count):
+        jobs.append(soak.client.submit(OPS[i % len(OPS)], soak.clips[(i // len(OPS)) % len(soak.clips)]))
+        if watch is not None and len(jobs) % SUBMIT_CHUNK == 0:
+            watch.add(jobs[-SUBMIT_CHUNK:])
+            watch.poll()
+    if watch is not None:
+        watch.add(jobs[len(jobs) - len(jobs) % SUBMIT_CHUNK :])
     return jobs, time.perf_counter() - started
 
 
@@ -195,50 +205,74 @@ class Collected:
     seconds: float = 0.0
 
 
+@dataclass
+class ResultWatch:
+    """The jobs whose final state has not been read yet, and what was read of the others."""
+
+    soak: Soak
+    delete: bool = False
+    pending: dict[str, Job] = field(default_factory=dict)
+    out: Collected = field(default_factory=Collected)
+    added: int = 0
+
+    def add(self, jobs: list[Job]) -> None:
+        self.pending.update((job.id, job) for job in jobs)
+        self.added += len(jobs)
+
+    def poll(self) -> int:
+        """Read every pending result key once; the number of jobs finished so far."""
+        assert self.soak.client is not None and self.soak.redis is not None
+        backend = self.soak.client.app.backend
+        ids = list(self.pending)
+        for start in range(0, len(ids), MGET_BATCH):
+            batch = ids[start : start + MGET_BATCH]
+            keys = [backend.get_key_for_task(task_id) for task_id in batch]
+            done_keys = []
+            for task_id, key, raw in zip(batch, keys, self.soak.redis.mget(keys), strict=True):
+                if raw is None:
+                    continue
+                meta = json.loads(raw)
+                if meta.get("status") not in ("SUCCESS", "FAILURE", "REVOKED"):
+                    continue
+                self.out.statuses[meta["status"]] += 1
+                result = meta.get("result")
+                if isinstance(result, dict) and result.get("error"):
+                    self.out.errors[result["error"]["code"]] += 1
+                del self.pending[task_id]
+                done_keys.append(key)
+            if self.delete and done_keys:
+                self.soak.redis.delete(*done_keys)
+        self.out.peak_memory = max(self.out.peak_memory, self.soak.used_memory())
+        return self.added - len(self.pending)
+
+
 def collect(
     soak: Soak,
     jobs: list[Job],
     timeout_s: float,
     delete: bool = False,
     on_poll: Callable[[int], None] | None = None,
+    watch: ResultWatch | None = None,
 ) -> Collected:
     """Poll the result keys of `jobs` until each has a final state (or the deadline); sample memory.
 
-    `on_poll(done)` runs after every poll with the number of jobs finished so far.
+    `on_poll(done)` runs after every poll with the number of jobs finished so far; `watch`: the
+    one `submit` already polled while it queued `jobs`.
     """
-    assert soak.client is not None and soak.redis is not None
-    backend = soak.client.app.backend
-    pending = {job.id: job for job in jobs}
-    out = Collected(peak_memory=soak.used_memory())
+    if watch is None:
+        watch = ResultWatch(soak, delete)
+        watch.add(jobs)
+    watch.out.peak_memory = max(watch.out.peak_memory, soak.used_memory())
     started = time.monotonic()
-    while pending and time.monotonic() - started < timeout_s:
-        ids = list(pending)
-        for start in range(0, len(ids), MGET_BATCH):
-            batch = ids[start : start + MGET_BATCH]
-            keys = [backend.get_key_for_task(task_id) for task_id in batch]
-            done_keys = []
-            for task_id, key, raw in zip(batch, keys, soak.redis.mget(keys), strict=True):
-                if raw is None:
-                    continue
-                meta = json.loads(raw)
-                if meta.get("status") not in ("SUCCESS", "FAILURE", "REVOKED"):
-                    continue
-                out.statuses[meta["status"]] += 1
-                result = meta.get("result")
-                if isinstance(result, dict) and result.get("error"):
-                    out.errors[result["error"]["code"]] += 1
-                del pending[task_id]
-                done_keys.append(key)
-            if delete and done_keys:
-                soak.redis.delete(*done_keys)
-        out.peak_memory = max(out.peak_memory, soak.used_memory())
+    while watch.pending and time.monotonic() - started < timeout_s:
+        done = watch.poll()
         if on_poll is not None:
-            on_poll(len(jobs) - len(pending))
-        if pending:
+            on_poll(done)
+        if watch.pending:
             time.sleep(POLL_S)
-    out.missing = sorted(pending)
-    out.seconds = time.monotonic() - started
-    return out
+    watch.out.missing = sorted(watch.pending)
+    watch.out.seconds = time.monotonic() - started
+    return watch.out
 
 
 def result_keys(soak: Soak) -> list[str]:
@@ -269,8 +303,9 @@ def wait_for_expiry(soak: Soak, timeout_s: float) -> float:
 
 
 def warm_up(soak: Soak, count: int) -> dict[str, Any]:
-    jobs, _ = submit(soak, count)
-    done = collect(soak, jobs, timeout_s=300, delete=True)
+    watch = ResultWatch(soak, delete=True)
+    jobs, _ = submit(soak, count, watch=watch)
+    done = collect(soak, jobs, timeout_s=300, watch=watch)
     if done.missing or done.errors:
         raise RuntimeError(f"warm-up failed: {len(done.missing)} missing, errors {dict(done.errors)}")
     time.sleep(1.0)  # let the last tasks' memory settle before the baseline
@@ -278,7 +313,9 @@ def warm_up(soak: Soak, count: int) -> dict[str, Any]:
     return {"jobs": count, "pids": pids, "rss": rss_bytes(pids), "redis_used_memory": soak.used_memory()}
 
 
-def soak_phase(soak: Soak, count: int, baseline: dict[str, Any]) -> dict[str, Any]:
+def soak_phase(
+    soak: Soak, count: int, baseline: dict[str, Any], collect_timeout_s: float | None = None
+) -> dict[str, Any]:
     """`count` jobs: lost, duplicated, throughput, RSS growth, Redis memory at peak and after expiry."""
     timeline: list[dict[str, Any]] = []
     every = max(1, count // 10)
@@ -289,8 +326,11 @@ def soak_phase(soak: Soak, count: int, baseline: dict[str, Any]) -> dict[str, An
             timeline.append({"done": done, "rss_mb": {str(p): round(v / MB, 1) for p, v in rss.items()}})
 
     started = time.perf_counter()
-    jobs, submit_s = submit(soak, count, offset=baseline["jobs"])
-    done = collect(soak, jobs, timeout_s=max(600.0, count / 5), on_poll=sample_rss)
+    watch = ResultWatch(soak)
+    jobs, submit_s = submit(soak, count, offset=baseline["jobs"], watch=watch)
+    done = collect(
+        soak, jobs, timeout_s=collect_timeout_s or max(600.0, count / 5), on_poll=sample_rss, watch=watch
+    )
     wall_s = time.perf_counter() - started
     submitted = {job.id for job in jobs}
     stored = set(result_keys(soak))
@@ -319,6 +359,7 @@ def soak_phase(soak: Soak, count: int, baseline: dict[str, Any]) -> dict[str, An
         "errors": dict(done.errors),
         "lost": len(done.missing) + sum(done.errors.values()) + done.statuses.get("FAILURE", 0),
         "missing_ids": done.missing[:20],
+        "missing_that_ran": sum(1 for task_id in done.missing if runs[task_id]),  # result expired unread
         "duplicated": len(duplicated) + len(foreign),
         "duplicated_ids": (duplicated + foreign)[:20],
         "never_logged": len(never_ran),
@@ -440,8 +481,10 @@ def run(
     warmup: int = 300,
     result_expires_s: int = 30,
     folder: Path | None = None,
+    collect_timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """All phases; the dict written to `soak.json`."""
+    """All phases; the dict written to `soak.json` (`collect_timeout_s`: how long the soak phase
+    waits for its results, by default 600 s or 0.2 s a job)."""
     started = time.time()
     with soak_cluster(folder, workers, result_expires_s) as soak:
         baseline = warm_up(soak, warmup)
@@ -454,7 +497,7 @@ def run(
             "workers": workers,
             "clip_seconds": list(CLIP_SECONDS),
             "warmup_jobs": warmup,
-            "soak": soak_phase(soak, jobs, baseline),
+            "soak": soak_phase(soak, jobs, baseline, collect_timeout_s),
         }
         if queued:
             report["queued"] = queued_phase(soak, queued)

@@ -23,13 +23,16 @@ MAX_BYTES_PER_QUEUED_JOB = 4096  # a Celery JSON message for a path job is about
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
-    return soak.run(JOBS, QUEUED, workers=2, warmup=200, result_expires_s=RESULT_EXPIRES_S)
+    # Waits less than pytest's timeout, so that a job missing is reported by the tests below.
+    return soak.run(
+        JOBS, QUEUED, workers=2, warmup=200, result_expires_s=RESULT_EXPIRES_S, collect_timeout_s=180
+    )
 
 
 @pytest.mark.slow
 def test_no_job_is_lost_or_run_twice(report: dict[str, Any]) -> None:
     run = report["soak"]
-    assert run["lost"] == 0, run["missing_ids"]
+    assert run["lost"] == 0, (run["missing_ids"], run["missing_that_ran"])
     assert run["duplicated"] == 0, run["duplicated_ids"]
     assert run["never_logged"] == 0
     assert run["succeeded"] == JOBS and run["statuses"] == {"SUCCESS": JOBS}
