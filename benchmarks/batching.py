@@ -56,11 +56,21 @@ def batch_rows(trace_dir: Path) -> Counter[int]:
     return sizes
 
 
+def read_once(paths: list[Path]) -> None:
+    """Read files whole, so that neither mode's first run pays for a cold page cache (the first
+    run of a repeat would otherwise read the model files and clips from disk for both)."""
+    for path in paths:
+        with path.open("rb") as file:
+            while file.read(1 << 24):
+                pass
+
+
 def compare_corpus(
     name: str, recipe: CorpusRecipe, count: int, models: Path, repeats: int, shard_size: int | None
 ) -> dict[str, Any]:
     clips = make_corpus(replace(recipe, count=max(recipe.count, count)))[:count]
     manifest = write_manifest(clips, WORK_DIR / "manifests" / f"{recipe.name}-{count}.jsonl")
+    read_once([*sorted(p for p in models.rglob("*") if p.is_file()), *(Path(c.path) for c in clips)])
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     sizes: Counter[int] = Counter()
     identical = True

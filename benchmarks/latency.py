@@ -7,7 +7,8 @@ One corpus of speech-like clips of 1-3 s (`benchmarks.corpus`, mixed formats), e
 object on a loopback S3 server (moto in server mode) behind `benchmarks.delay_proxy`, which holds
 the first byte of every answer until N ms after its request (a remote store's time to first byte).
 Whole `voxmill extract --ops embed` runs (`workers.extract.extract_corpus`, as the command runs
-it) with the tiny stand-in models (so the data path is what is measured), speech check off, 2
+it) with the tiny stand-in models (so the data path is what is measured; `--models full`: the
+full-size CAM++ stand-in, the issue's target, writes latency-full.json), speech check off, 2
 local worker processes; outputs to a local folder. The workers are started twice: with reads in
 flight (the default `reads_in_flight`) and without (`reads_in_flight=1`); with each, in
 alternating rounds, the same clips from local disk, then from the store at each delay.
@@ -144,7 +145,9 @@ def _rounds(
     return runs
 
 
-def _setup(name: str, clips: list[Clip], delays: list[float], repeats: int, in_flight: int) -> dict[str, Any]:
+def _setup(
+    name: str, clips: list[Clip], delays: list[float], repeats: int, in_flight: int, models: str = "tiny"
+) -> dict[str, Any]:
     """What a result says about how it was measured."""
     return {
         "benchmark": name,
@@ -153,7 +156,7 @@ def _setup(name: str, clips: list[Clip], delays: list[float], repeats: int, in_f
         "delays_ms": delays,
         "repeats": repeats,
         "workers": WORKERS,
-        "models": "tiny stand-ins",
+        "models": f"{models} stand-ins" if models == "tiny" else f"{models}-size stand-ins",
         "op": "embed",
         "reads_in_flight": in_flight,
     }
@@ -282,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--outputs", action="store_true", help="local short clips, outputs local vs in the bucket"
     )
+    parser.add_argument(
+        "--models", default="tiny", choices=("tiny", "full"), help="stand-ins (full: latency-full.json)"
+    )
     args = parser.parse_args(argv)
     delays = [float(d) for d in args.delays.split(",")]
 
@@ -313,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
             shutil.rmtree(work, ignore_errors=True)
     clips = make_corpus(CorpusRecipe("latency", args.clips, 1.0, 3.0, distribution="uniform"))
-    models = make_models("tiny")
+    models = make_models(args.models)
+    if args.models != "tiny" and args.out == RESULTS_DIR / "latency.json":
+        args.out = RESULTS_DIR / f"latency-{args.models}.json"
     redis_server = EmbeddedRedis()
     settings_by_name: dict[str, dict[str, list[dict[str, Any]]]] = {}
     try:
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         tables = {name: _variant_table(runs, len(clips)) for name, runs in settings_by_name.items()}
         on, off = tables["reads in flight"], tables["one read at a time"]
         result = {
-            **_setup("latency", clips, delays, args.repeats, default_in_flight),
+            **_setup("latency", clips, delays, args.repeats, default_in_flight, args.models),
             "settings": tables,
             "in_flight_over_one_at_a_time": {
                 v: round(on[v]["audio_s_per_s"] / off[v]["audio_s_per_s"], 4) for v in on if v != "local"

@@ -221,9 +221,15 @@ def test_latency_runs_and_reports(tmp_path: Path) -> None:
     assert "| reads | local | +0 ms | +20 ms |" in section and "| one read at a time |" in section
     rows = targets_section({"latency": data})[4:-1]
     assert [row.split(" | ")[0] for row in rows] == [
-        "| objects at +20 ms, reads in flight: rate / the same at +0 ms",
+        "| objects at +20 ms, reads in flight, tiny models: rate / the same at +0 ms",
         "| worker CPU per GET (per clip, over local files)",
     ]
+    full = {**data, "models": "full-size stand-ins"}  # what `--models full` writes, as latency-full
+    assert "## Objects at real latency, full-size models" in latency_section(full)
+    rows = targets_section({"latency": data, "latency-full": full})[4:-1]
+    assert [row.split(" | ")[0] for row in rows][0] == (
+        "| objects at +20 ms, reads in flight, full-size models: rate / the same at +0 ms"
+    )
 
 
 def test_the_shard_sizing_result_renders_with_its_target() -> None:
