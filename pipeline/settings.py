@@ -279,6 +279,15 @@ class Settings(BaseSettings):
         "Most bytes of objects a shard task holds read ahead (64 MiB); one larger object is still read, "
         "alone.",
     )
+    uploads_behind: int = _f(
+        2,
+        "Shard files (outputs in s3:// or gs://) a worker process uploads behind its tasks, while it "
+        "computes the next shards: at most this many waiting or uploading. 0: each shard task uploads "
+        "its file before it ends. Local folders are always written by the task.",
+    )
+    uploads_drain_s: float = _f(
+        30.0, "A stopping worker process waits this long at most for its shard uploads to finish."
+    )
     merge_buffer_rows: int = _f(
         65536,
         "Rows the merge gathers before writing them to an output file: its memory, whatever the corpus.",

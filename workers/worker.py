@@ -43,6 +43,7 @@ from pipeline.models.registry import Registry
 from pipeline.models.sessions import ModelSession
 from pipeline.records import ROLES_BY_OP
 from pipeline.settings import Settings
+from pipeline.storage.behind import BackgroundWrites
 from pipeline.storage.paths import Roots
 from workers import metrics
 from workers.keys import QUEUES
@@ -55,6 +56,7 @@ from workers.reload.coordinator import ReloadCoordinator
 from workers.reload.holder import ModelHolder
 
 FORK_SAFE_POOLS = ("solo", "threads")
+log = logging.getLogger("voxmill.worker")
 
 
 def roles_for_queues(queues: Sequence[str]) -> tuple[str, ...]:
@@ -94,7 +96,10 @@ class WorkerProcess:
         self.holder: ModelHolder | None = None
         self.coordinator: ReloadCoordinator | None = None
         self.gathering: JobGathering | None = None  # single jobs' tokens in shared batches (threads)
-        self._running: dict[str, None] = {}  # ids of the tasks this process runs (several: threads pool)
+        self.writes: BackgroundWrites | None = None  # shard files uploaded behind their tasks
+        # ids of the tasks this process runs (several: threads pool), counted: a shard task's id
+        # stays while its file is uploaded behind it
+        self._running: dict[str, int] = {}
         self._running_lock = threading.Lock()
 
     def configure(self, queues: Sequence[str], pool: str) -> None:
@@ -142,6 +147,8 @@ class WorkerProcess:
         if self.pool == "threads" and self.settings.batch_gather_ms > 0:  # jobs run side by side
             holder = self.holder
             self.gathering = JobGathering(self.settings.batch_gather_ms / 1000, lambda: holder.running_tasks)
+        if self.settings.uploads_behind > 0:
+            self.writes = BackgroundWrites(self.settings.uploads_behind)
         self.coordinator = ReloadCoordinator(
             self.settings,
             self.holder,
@@ -158,13 +165,15 @@ class WorkerProcess:
         """A task runs: its id goes into this process's heartbeat record (written soon after, as
         the record's writer wakes on `task_ended`, not at its next interval)."""
         with self._running_lock:
-            self._running[task_id] = None
+            self._running[task_id] = self._running.get(task_id, 0) + 1
         if self.holder is not None:
             self.holder.task_ended.set()
 
     def task_finished(self, task_id: str) -> None:
         with self._running_lock:
-            self._running.pop(task_id, None)
+            left = self._running.pop(task_id, 0) - 1
+            if left > 0:
+                self._running[task_id] = left
 
     def running_ids(self) -> list[str]:
         """The ids of the tasks this process runs now."""
@@ -178,6 +187,9 @@ class WorkerProcess:
         return self.holder.serving(roles)
 
     def stop(self) -> None:
+        if self.writes is not None and not self.writes.close(self.settings.uploads_drain_s):
+            unfinished = self.writes.pending
+            log.warning("stopping with %d shard uploads unfinished: the driver sends them again", unfinished)
         if self.coordinator is not None:
             self.coordinator.stop()
         if self.holder is not None:

@@ -2,14 +2,15 @@
 
 `benchmarks/extract_run.py` puts this folder first on PYTHONPATH and names a folder in
 BENCH_TRACE_DIR; in Celery worker processes (`python -m workers.worker`, or `celery`) this wraps
-three `pipeline` functions before `workers.queue.tasks` imports them, and appends one JSON line per shard to
+`pipeline` functions before `workers.queue.tasks` imports them, and appends one JSON line per shard to
 `$BENCH_TRACE_DIR/trace-<pid>.jsonl`:
 
 - `open_session`: when each model was loaded and warmed (wall clock);
 - `run_clip`: start and end of every utterance and its `timings_ms` stages; `run_clips` (a shard's
   clips with batched tokens): the call's start and end for each of its utterances;
 - `batch_tokens`: the rows of every batch run (one line each);
-- `write_shard`: start of the shard file's write (with the shard's utterances), then its end.
+- `shard_file_table`, then `write_table_at`: start of the shard file's write (with the shard's
+  utterances: its table is made), then its end (the file is written).
 
 With BENCH_TRACE_EACH=1 every `run_clip` call is written at once (single-audio tasks, no shards).
 
@@ -32,7 +33,9 @@ def _install(trace_dir: str) -> None:
     each = os.environ.get("BENCH_TRACE_EACH") == "1"
     pending: list[dict[str, object]] = []
     original_run_clip = inference.run_clip
-    original_write = writers.write_shard
+    original_table = writers.shard_file_table
+    original_write = writers.write_table_at
+    writing: list[tuple[str, int]] = []  # the shard whose table was made last
     original_open = inference.open_session
     original_run_clips = batching.run_clips
     original_batch_tokens = batching.batch_tokens
@@ -95,22 +98,27 @@ def _install(trace_dir: str) -> None:
         emit({"kind": "batch", "rows": len(rows)})
         return original_batch_tokens(session, rows)
 
-    def write_shard(out_dir, spec, results, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def shard_file_table(spec, results, *args, **kwargs):  # type: ignore[no-untyped-def]
         # The shard's record goes out before its file: once the last file exists, a finished run
         # kills its workers at once, and a record written after it could be lost.
         utts = list(pending)
         pending.clear()
-        started = time.time()
-        emit({"kind": "shard", "op": spec.op, "shard": spec.shard, "write_start": started, "utts": utts})
-        path = original_write(out_dir, spec, results, *args, **kwargs)
-        emit({"kind": "written", "op": spec.op, "shard": spec.shard, "write_end": time.time()})
-        return path
+        writing[:] = [(spec.op, spec.shard)]
+        emit({"kind": "shard", "op": spec.op, "shard": spec.shard, "write_start": time.time(), "utts": utts})
+        return original_table(spec, results, *args, **kwargs)
+
+    def write_table_at(out, name, table):  # type: ignore[no-untyped-def]
+        original_write(out, name, table)
+        if writing:
+            op, shard = writing.pop()
+            emit({"kind": "written", "op": op, "shard": shard, "write_end": time.time()})
 
     inference.run_clip = run_clip
     batching.run_clips = run_clips
     batching.batch_tokens = batch_tokens
     inference.open_session = open_session
-    writers.write_shard = write_shard
+    writers.shard_file_table = shard_file_table
+    writers.write_table_at = write_table_at
 
 
 _TRACE = os.environ.get("BENCH_TRACE_DIR")

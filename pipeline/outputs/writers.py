@@ -140,24 +140,30 @@ def write_shard(
     results: list[TaskResult],
     utts: Sequence[Utterance] | None = None,
 ) -> Path | str:
-    """Write the shard file of `spec` (`results[i]` belongs to `spec.utts[i]`, or to `utts[i]`
-    for a tar shard, whose utterances are what the tar held); returns its path or URL.
+    """Write the shard file of `spec` (`shard_file_table`); returns its path or URL.
+    `VoxmillError("output_error")` only when the file cannot be written (left to a later attempt)."""
+    name = out_dir.shard_file(spec.op, spec.shard)
+    write_table_at(out_dir.location, name, shard_file_table(spec, results, utts))
+    return out_dir.ref(name)
+
+
+def shard_file_table(
+    spec: ShardSpec, results: list[TaskResult], utts: Sequence[Utterance] | None = None
+) -> pa.Table:
+    """The table of `spec`'s shard file (`results[i]` belongs to `spec.utts[i]`, or to `utts[i]`
+    for a tar shard, whose utterances are what the tar held).
 
     A result the file cannot hold is stored as an `output_error` of its utterance (`row_problem`);
     should the rows still not make a table, every utterance is stored failed with the reason.
-    `VoxmillError("output_error")` only when the file cannot be written (left to a later attempt).
     """
     rows = spec.utts if utts is None else utts
     if len(results) != len(rows):
         raise VoxmillError(INTERNAL, f"shard {spec.name}: {len(results)} results for {len(rows)} utterances")
     try:
-        table = shard_table(spec, storable_results(spec.op, results, rows), rows)
+        return shard_table(spec, storable_results(spec.op, results, rows), rows)
     except Exception as exc:  # noqa: BLE001 - what `row_problem` missed: the rows fail, not the shard
         reason = f"the shard's rows cannot be stored ({type(exc).__name__}: {_short(str(exc))})"
-        table = failed_shard_table(spec, rows, OUTPUT_ERROR, reason)
-    name = out_dir.shard_file(spec.op, spec.shard)
-    write_table_at(out_dir.location, name, table)
-    return out_dir.ref(name)
+        return failed_shard_table(spec, rows, OUTPUT_ERROR, reason)
 
 
 def write_given_up_shard(out_dir: RunFolder, spec: ShardSpec, code: str, message: str) -> Path | str:

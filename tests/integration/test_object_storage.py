@@ -488,3 +488,104 @@ def test_a_missing_or_bad_shard_object_stops_a_merge_read_ahead_as_a_serial_one(
     assert messages[1][0].startswith(f"shard file {bad} cannot be read: ")
     assert messages[1][1] == f"shard file {missing} is missing"
     assert not objects.url_exists(f"{out}/report.json")  # the outputs as they were: none
+
+
+# --------------------------------------------------------------------------- uploads behind
+
+
+def test_a_shard_file_is_uploaded_behind_its_task_and_announced_once_written(
+    s3_env: dict[str, str],
+    redis_url: str,
+    redis_client: Any,
+    tiny_models: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    start_worker: Any,
+) -> None:
+    """A store that answers in 1.5 s, one worker process: the shard task ends before its upload
+    does (a job sent after it is answered before the shard is announced), its id stays in the
+    heartbeat record until the file is written, and the announcement comes once the object
+    exists. A first attempt makes one request (the PUT); a second attempt finds the file, reads
+    its counts (HEAD, GET) and writes nothing."""
+    from celery import Celery
+
+    from workers import keys
+    from workers.heartbeat import read_worker_records
+    from workers.queue.app import SHARD_TASK, TASK_NAMES
+
+    bucket = _bucket("behind")
+    audio = make_audio_folder(tmp_path / "audio", count=2, min_s=0.5, max_s=1.0)
+    wavs = sorted(audio.rglob("*.wav"))
+    utts = [Utterance(p.stem, str(p), "spk") for p in wavs]
+    port = int(s3_env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    with DelayProxy(port, delay_ms=1500) as proxy, _StoreRequests.recorded() as requests:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # the worker's (this process's store is cached)
+        settings = make_settings(redis_url, tiny_models, [tmp_path], allowed_roots=(tmp_path, bucket))
+        start_worker(settings, queues=("embed",))
+        spec = ShardSpec(shard=0, op="embed", out_dir=f"{bucket}/out", utts=utts, run="behind-run")
+        app = Celery(broker=redis_url, backend=redis_url)
+        channel = redis_client.pubsub()
+        channel.subscribe(keys.SHARDS_DONE_CHANNEL.format(run="behind-run"))
+        running: set[str] = set()
+
+        def announced(job: Any = None) -> tuple[dict[str, Any], bool]:
+            """The shard's announcement, and whether `job` was answered before it."""
+            answered = False
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                answered = answered or (job is not None and job.ready())
+                message = channel.get_message(timeout=0.02)
+                if message and message["type"] == "message":
+                    return dict(json.loads(message["data"])), answered
+                running.update(i for r in read_worker_records(redis_client) for i in r.running)
+            raise AssertionError("no announcement")
+
+        sent = app.send_task(SHARD_TASK, args=[{**spec.to_dict(), "attempt": 1}], queue="embed")
+        job = app.send_task(TASK_NAMES["embed"], args=[{"path": str(wavs[0])}], queue="embed")
+        result, job_first = announced(job)
+        assert job_first  # the process served the job while the shard's file was uploaded
+        assert job.get(timeout=10)["error"] is None
+        methods = requests.methods()
+        assert objects.url_exists(f"{bucket}/out/{RunFolder.SHARDS}/embed-000000.parquet")
+        assert result["error"] is None and result["ok"] == 2
+        assert methods == ["PUT"]  # a first attempt does not look for its file first
+        assert sent.id in running  # in the heartbeat record while its file was uploaded
+
+        requests.methods()
+        app.send_task(SHARD_TASK, args=[{**spec.to_dict(), "attempt": 2}], queue="embed")
+        again, _ = announced()
+        assert again["ok"] == 2 and again["seconds"] == 0.0  # found written: counted, not redone
+        assert requests.methods() == ["HEAD", "GET"]
+        app.close()
+        channel.close()
+
+
+class _StoreRequests(logging.Handler):
+    """The methods of the requests the loopback S3 server answers (its werkzeug log lines)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self._lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._lines.append(record.getMessage())
+
+    def methods(self) -> list[str]:
+        """The methods answered since the last call, in order."""
+        lines, self._lines = self._lines, []
+        return [line.split('"')[1].split()[0] for line in lines if line.count('"') >= 2]
+
+    @classmethod
+    @contextlib.contextmanager
+    def recorded(cls) -> Iterator[_StoreRequests]:
+        handler, server_log = cls(), logging.getLogger("werkzeug")
+        level, disabled = server_log.level, server_log.disabled  # a logging setup may disable it
+        server_log.setLevel(logging.INFO)
+        server_log.disabled = False
+        server_log.addHandler(handler)
+        try:
+            yield handler
+        finally:
+            server_log.removeHandler(handler)
+            server_log.setLevel(level)
+            server_log.disabled = disabled

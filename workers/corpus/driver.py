@@ -362,12 +362,17 @@ class CorpusDriver:
         return self._window_size
 
     def _submit(self, spec: ShardSpec, earlier: InFlight | None = None) -> None:
+        attempt = 1 if earlier is None else earlier.attempts + 1  # a first one need not look for its file
         sent = self.app.send_task(
-            SHARD_TASK, args=[spec.to_dict()], queue=spec.op, serializer="json", ignore_result=True
+            SHARD_TASK,
+            args=[{**spec.to_dict(), "attempt": attempt}],
+            queue=spec.op,
+            serializer="json",
+            ignore_result=True,
         )
-        item = InFlight(spec, time.monotonic(), task_ids=[sent.id])
+        item = InFlight(spec, time.monotonic(), attempt, task_ids=[sent.id])
         if earlier is not None:  # its earlier tasks may still run: any of them writes the file
-            item.attempts, item.failure = earlier.attempts + 1, earlier.failure
+            item.failure = earlier.failure
             item.task_ids = [*earlier.task_ids, sent.id]
         self.ledger.inflight[spec.name] = item
 

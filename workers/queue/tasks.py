@@ -3,8 +3,10 @@
 Payloads are JSON (or msgpack when they carry raw bytes):
 - `voxmill.tokenize|embed|extract`: `{"path": str}` or `{"audio": bytes, "name": str?}`; the
   result is the contract's `TaskResult`.
-- `voxmill.shard`: a `ShardSpec` dict; the task writes the shard file (in a folder, or one object
-  in a store when `out_dir` is a URL), then announces its `ShardResult` on the run's channel
+- `voxmill.shard`: a `ShardSpec` dict (with `attempt`, the driver's count of its sends: a first
+  one does not look for the file first); the task writes the shard file (in a folder, or one
+  object in a store when `out_dir` is a URL: uploaded behind the task, while the process computes
+  its next shard, `uploads_behind`), then announces its `ShardResult` on the run's channel
   (`keys.SHARDS_DONE_CHANNEL`). It stores no Celery result. A tar shard (`ShardSpec.tar`) reads
   its tar as a stream and writes a row per sample it held; a segment is decoded by seeking. A
   result the file cannot hold is stored as its utterance's `output_error`; a shard whose file
@@ -22,12 +24,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import pyarrow as pa
 import redis
 from celery import Celery, Task
 
@@ -38,7 +41,7 @@ from pipeline.batching import BatchRule, ClipSource, JobGathering, run_clips
 from pipeline.errors import ErrorRecord, ModelUnavailable, VoxmillError
 from pipeline.inference import run_clip
 from pipeline.outputs.folder import RunFolder
-from pipeline.outputs.writers import shard_counts, storable_results, write_shard
+from pipeline.outputs.writers import shard_counts, shard_file_table, storable_results, write_table_at
 from pipeline.records import (
     ROLE_TOKENIZER,
     ROLES_BY_OP,
@@ -61,6 +64,7 @@ if TYPE_CHECKING:
     from pipeline.audio.vad import SpeechCheck
     from pipeline.models.sessions import ModelSession
     from pipeline.settings import AudioLimits, Settings
+    from pipeline.storage.behind import BackgroundWrites
     from workers.metrics import NoMetrics
 
 log = logging.getLogger("voxmill.tasks")
@@ -69,8 +73,10 @@ log = logging.getLogger("voxmill.tasks")
 class WorkerProcess(Protocol):
     """What a task needs of the process that runs it (`workers.worker.WorkerProcess` is one): its
     settings and limits, the roots it reads below, its speech check, metrics, Redis connection
-    (None without a broker), the sessions of a task's models, and where concurrent single jobs
-    share batches (None: they do not)."""
+    (None without a broker), the sessions of a task's models, where concurrent single jobs
+    share batches (None: they do not), where shard files are uploaded behind their tasks (None:
+    by the tasks) and the ids its heartbeat record says it runs (`task_started`, `task_finished`:
+    counted, so an id stays while its task or its upload runs)."""
 
     settings: Settings
     roots: Roots
@@ -79,6 +85,11 @@ class WorkerProcess(Protocol):
     metrics: NoMetrics
     redis: Any
     gathering: JobGathering | None
+    writes: BackgroundWrites | None
+
+    def task_started(self, task_id: str) -> None: ...
+
+    def task_finished(self, task_id: str) -> None: ...
 
     def serving(self, roles: Sequence[str]) -> AbstractContextManager[dict[str, ModelSession]]: ...
 
@@ -176,18 +187,72 @@ def run_job(process: WorkerProcess, task: Task, op: str, job: Any) -> dict[str, 
 
 
 def run_shard(process: WorkerProcess, task: Task, payload: Any) -> dict[str, Any]:
-    """A corpus shard: every utterance, then the shard file, then one announcement that names it."""
-    result = _shard_result(process, task, payload)
+    """A corpus shard: every utterance, then the shard file, then one announcement that names it.
+    A file bound for a store is uploaded behind the task (`process.writes`), which ends at once:
+    its id stays in the heartbeat record and its announcement waits until the file is written."""
+    outcome = _shard_result(process, task, payload)
+    if isinstance(outcome, ShardResult):
+        result = outcome
+    elif process.writes is None or outcome.local:
+        result = outcome.write()
+    else:
+        process.task_started(task.request.id)  # running until its file is written
+        process.writes.submit(_announced_behind(process, task.request.id, payload, outcome))
+        return outcome.result.to_dict()
+    announce(process, payload, result)
+    return result.to_dict()
+
+
+def _announced_behind(
+    process: WorkerProcess, task_id: str, payload: Any, shard: ComputedShard
+) -> Callable[[], None]:
+    def write_and_announce() -> None:
+        try:
+            announce(process, payload, shard.write())
+        finally:
+            process.task_finished(task_id)
+
+    return write_and_announce
+
+
+def announce(process: WorkerProcess, payload: Any, result: ShardResult) -> None:
+    """Publish a shard's result on its run's channel (the driver finds the file anyway)."""
     run = payload.get("run") if isinstance(payload, dict) else None
     if run and process.redis is not None:
         try:
             process.redis.publish(keys.SHARDS_DONE_CHANNEL.format(run=run), json.dumps(result.to_dict()))
         except redis.RedisError as exc:  # the driver finds the file at its next look
             log.warning("could not announce shard %s: %s", result.name, exc)
-    return result.to_dict()
 
 
-def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResult:
+@dataclass(frozen=True)
+class ComputedShard:
+    """A shard whose results are known and whose file is still to be written."""
+
+    result: ShardResult  # as announced once `table` is `name` in `out`
+    out: RunFolder
+    table: pa.Table
+    payload: Any
+    record: Callable[[], None]  # its metrics, once written
+
+    @property
+    def local(self) -> bool:
+        return self.out.location.is_local
+
+    def write(self) -> ShardResult:
+        """Write the file: the shard's result, or why it failed (`output_error`, `internal`)."""
+        name = self.out.shard_file(self.result.op, self.result.shard)
+        try:
+            write_table_at(self.out.location, name, self.table)
+        except VoxmillError as exc:  # the file cannot be written: the driver sends the shard again
+            return failed_shard(self.payload, exc)
+        except Exception as exc:
+            return failed_shard(self.payload, unexpected(exc, f"cannot write shard {self.result.name}"))
+        self.record()
+        return self.result
+
+
+def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResult | ComputedShard:
     started = time.perf_counter()
     try:
         spec = ShardSpec.from_dict(payload)
@@ -198,11 +263,7 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
         return failed_shard(payload, VoxmillError(errors.BAD_REQUEST, f"malformed shard payload: {exc}"))
     except VoxmillError as exc:
         return failed_shard(payload, exc)
-    try:
-        done = finished_shard(out, spec)
-    except VoxmillError as exc:  # the store cannot say: do the shard (a rewrite is harmless)
-        log.warning("cannot look for shard %s: %s", spec.name, exc.message)
-        done = None
+    done = _written_before(out, spec, payload, task)
     if done is not None:  # a redelivered or resubmitted shard that is already written
         return done
     try:
@@ -225,23 +286,45 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
         return failed_shard(payload, unexpected(exc, f"shard {spec.name}"))
     try:  # a row the file cannot hold is stored as that utterance's output_error
         results = storable_results(spec.op, results, utts)  # and counted so in the announcement
-        path = write_shard(out, spec, results, utts)
-    except VoxmillError as exc:  # the file cannot be written: the driver sends the shard again
+        table = shard_file_table(spec, results, utts)
+    except VoxmillError as exc:
         return failed_shard(payload, exc)
     except Exception as exc:
-        return failed_shard(payload, unexpected(exc, f"cannot write shard {spec.name}"))
+        return failed_shard(payload, unexpected(exc, f"cannot make shard {spec.name}'s file"))
     ok = sum(1 for r in results if r.ok)
-    record(process, spec.op, results, time.perf_counter() - started, outcome="ok")
-    return ShardResult(
+    seconds = time.perf_counter() - started
+    result = ShardResult(
         shard=spec.shard,
         op=spec.op,
-        path=str(path),
+        path=str(out.ref(out.shard_file(spec.op, spec.shard))),
         ok=ok,
         failed=len(results) - ok,
         audio_seconds=round(sum(r.audio_seconds or 0.0 for r in results), 4),
-        seconds=round(time.perf_counter() - started, 4),
+        seconds=round(seconds, 4),
         models=models,
     )
+    return ComputedShard(
+        result, out, table, payload, lambda: record(process, spec.op, results, seconds, outcome="ok")
+    )
+
+
+def _written_before(out: RunFolder, spec: ShardSpec, payload: Any, task: Task) -> ShardResult | None:
+    if not may_be_written(payload, task):
+        return None
+    try:
+        return finished_shard(out, spec)
+    except VoxmillError as exc:  # the store cannot say: do the shard (a rewrite is harmless)
+        log.warning("cannot look for shard %s: %s", spec.name, exc.message)
+        return None
+
+
+def may_be_written(payload: Any, task: Task) -> bool:
+    """Whether the shard's file may exist already: a shard the driver sends again (`attempt` over
+    1), a message the broker delivers again, or a payload that does not say. A first attempt
+    spares the request that would look (a round trip on a store)."""
+    attempt = payload.get("attempt") if isinstance(payload, dict) else None
+    redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+    return redelivered or not (isinstance(attempt, int) and attempt == 1)
 
 
 def _output(out_dir: str, process: WorkerProcess) -> RunFolder:
