@@ -14,10 +14,13 @@ flight (the default `reads_in_flight`) and without (`reads_in_flight=1`); with e
 alternating rounds, the same clips from local disk, then from the store at each delay.
 
 With `--outputs`, the inputs are local short clips (0.5-1.5 s) and the outputs go to a local
-folder, then to the bucket (behind the proxy) with the merge reading shard objects ahead (the
-default `reads_in_flight`) and one after another (`reads_in_flight=1`, given to the driver only:
-local inputs are never read ahead); per variant the whole run's wall time, the merge's, and the
-ratio to local outputs. Writes benchmarks/results/latency_outputs.json.
+folder, then to the bucket (behind the proxy) at each delay; the workers are started twice: with
+shard files uploaded behind their tasks (the default `uploads_behind`) and by their tasks
+(`uploads_behind=0`); with the first, also a run at the longest delay whose merge reads the shard
+objects one after another (`reads_in_flight=1`, given to the driver only: local inputs are never
+read ahead). Per variant the whole run's wall time, the merge's, and the ratio to local outputs
+measured with the same workers. Writes benchmarks/results/latency_outputs.json
+(latency_outputs-full.json with `--models full`).
 
     python -m benchmarks.latency --outputs --clips 2000 --repeats 2 --delays 0,20
 
@@ -52,7 +55,6 @@ from benchmarks.delay_proxy import DelayProxy
 BUCKET = "latency"
 OUT_BUCKET = "latency-out"
 WORKERS = 2
-MERGES = ("bucket, merge read ahead", "bucket, serial merge")
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -184,28 +186,37 @@ def _timed_merges(proxy: DelayProxy) -> Iterator[list[tuple[float, int]]]:
         merge_module.merge_outputs = original
 
 
-def _output_variants(delays: list[float]) -> list[tuple[str, float]]:
-    """(variant, delay ms): outputs local, then each merge at each delay."""
-    return [("local", 0.0), *((f"{merge} +{d:g} ms", d) for d in delays for merge in MERGES)]
+def _output_variants(delays: list[float], serial_merge: bool) -> list[tuple[str, float]]:
+    """(variant, delay ms): outputs local, then in the bucket at each delay (and, `serial_merge`,
+    at the longest delay with the merge reading one shard object after another)."""
+    variants = [("local", 0.0), *((f"bucket +{d:g} ms", d) for d in delays)]
+    if serial_merge:
+        variants.append((f"bucket, serial merge +{max(delays):g} ms", max(delays)))
+    return variants
 
 
 def _output_rounds(
-    settings: Any, proxy: DelayProxy, manifest: Path, delays: list[float], repeats: int, work: Path
+    settings: Any,
+    proxy: DelayProxy,
+    manifest: Path,
+    variants: list[tuple[str, float]],
+    repeats: int,
+    work: Path,
 ) -> dict[str, list[dict[str, Any]]]:
     """Every output variant `repeats` times, in rounds of alternating order: wall and merge time."""
     from pipeline.outputs.folder import RunFolder
     from workers.extract import extract_corpus
 
-    variants = _output_variants(delays)
     serial = settings.model_copy(update={"reads_in_flight": 1})
     extract_corpus(
         settings, manifest, RunFolder.of(f"s3://{OUT_BUCKET}/warm-up"), ["embed"], WORKERS, 0, True
     )
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v, _ in variants}
+    behind = settings.uploads_behind
     for repeat in range(repeats):
         for variant, delay in variants if repeat % 2 == 0 else reversed(variants):
             proxy.delay_ms = delay
-            name = f"{variant.split(',')[-1].strip().replace(' ', '-')}-{repeat}"
+            name = f"{behind}-{variant.split(',')[-1].strip().replace(' ', '-')}-{repeat}"
             out = work / name if variant == "local" else f"s3://{OUT_BUCKET}/{name}"
             run_settings = serial if "serial" in variant else settings
             with _timed_merges(proxy) as merges:
@@ -218,7 +229,7 @@ def _output_rounds(
             shards = len(RunFolder.of(out).shard_files())
             record = {"wall_s": round(wall, 3), "merge_s": round(merge_s, 3), "merge_requests": requests}
             runs[variant].append({**record, "shards": shards, "utts": report["utterances"]})
-            log(f"{variant}: {wall:.2f} s, merge {merge_s:.3f} s ({requests} requests, {shards} shards)")
+            log(f"uploads behind {behind}, {variant}: {wall:.2f} s, merge {merge_s:.3f} s ({shards} shards)")
     return runs
 
 
@@ -237,6 +248,9 @@ def _output_table(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return table
 
 
+UPLOADS = {"uploads behind": None, "uploads in the task": 0}  # None: the default `uploads_behind`
+
+
 def _outputs_benchmark(args: argparse.Namespace, delays: list[float], proxy: DelayProxy, work: Path) -> int:
     """`--outputs`: local short clips, outputs local and in the bucket (module docstring)."""
     from pipeline.settings import Settings
@@ -248,31 +262,41 @@ def _outputs_benchmark(args: argparse.Namespace, delays: list[float], proxy: Del
     objects.filesystem("s3").mkdir(OUT_BUCKET)
     redis_server = EmbeddedRedis()
     redis_server.start()
-    settings = Settings(
+    base = Settings(
         broker_url=redis_server.url,
-        model_dir=make_models("tiny"),
+        model_dir=make_models(args.models),
         allowed_roots=(Path(clips[0].path).parents[2], work, f"s3://{OUT_BUCKET}"),
         provider="cpu",
         speech_check=False,
         run_state_dir=work / "state",
     )
-    workers = LocalWorkers(settings, WORKERS, ["embed"], log_path=work / "workers.log").start()
+    tables: dict[str, Any] = {}
     try:
-        workers.wait_ready(180)
-        runs = _output_rounds(settings, proxy, manifest, delays, args.repeats, work)
+        for name, behind in UPLOADS.items():
+            settings = base if behind is None else base.model_copy(update={"uploads_behind": behind})
+            workers = LocalWorkers(settings, WORKERS, ["embed"], log_path=work / "workers.log").start()
+            try:
+                workers.wait_ready(180)
+                variants = _output_variants(delays, serial_merge=behind is None)
+                runs = _output_rounds(settings, proxy, manifest, variants, args.repeats, work)
+            finally:
+                workers.stop()
+            tables[name] = _output_table(runs)
     finally:
-        workers.stop()
         redis_server.stop()
-    table = _output_table(runs)
     result = {
-        **_setup("latency_outputs", clips, delays, args.repeats, settings.reads_in_flight),
-        "variants": table,
+        **_setup("latency_outputs", clips, delays, args.repeats, base.reads_in_flight, args.models),
+        "uploads_behind": base.uploads_behind,
+        "settings": tables,
         "load_average": load_average(),
     }
-    out = args.out if args.out != RESULTS_DIR / "latency.json" else RESULTS_DIR / "latency_outputs.json"
+    suffix = "" if args.models == "tiny" else f"-{args.models}"
+    default = args.out == RESULTS_DIR / "latency.json"
+    out = RESULTS_DIR / f"latency_outputs{suffix}.json" if default else args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     write_result(out.parent, out.stem, result)
-    print(json.dumps({v: (t["wall_s"], t["merge_s"], t["wall_over_local"]) for v, t in table.items()}))
+    summary = {n: {v: (t["wall_s"], t["wall_over_local"]) for v, t in by.items()} for n, by in tables.items()}
+    print(json.dumps(summary))
     return 0
 
 

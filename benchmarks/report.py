@@ -202,6 +202,12 @@ def store_targets(results: dict[str, dict[str, Any]]) -> list[Target]:
             if name == "latency":
                 cpu = ahead[slowest]["worker_cpu_ms_per_clip_over_local"]
                 out.append(("worker CPU per GET (per clip, over local files)", cpu, 0.5, ms2, False))
+    for name, models in (("latency_outputs-full", "full-size"), ("latency_outputs", "tiny")):
+        if (outputs := results.get(name)) and "uploads behind" in outputs.get("settings", {}):
+            behind = outputs["settings"]["uploads behind"]
+            slowest = max(outputs["delays_ms"])
+            label = f"outputs in the bucket at +{slowest:g} ms, {models} models: whole run / local outputs"
+            out.append((label, behind[f"bucket +{slowest:g} ms"]["wall_over_local"], 1.1, ratio, False))
     if sizing := results.get("shard-sizing"):
         label = f"{sizing['utterances']:,} short clips without durations / plain loop"
         value = sizing["after"]["ratio_to_plain_loop"]
@@ -607,6 +613,38 @@ def latency_section(data: dict[str, Any]) -> Lines:
     ]
 
 
+def outputs_section(data: dict[str, Any]) -> Lines:
+    settings = data["settings"]
+    variants = list(dict.fromkeys(v for by in settings.values() for v in by))
+    rows = [
+        [variant, *(
+            f"{fmt(by[variant]['wall_s'], 2)} s ({fmt(by[variant]['wall_over_local'], 2)}×), merge "
+            f"{fmt(by[variant]['merge_s'], 2)} s" if variant in by else "—"
+            for by in settings.values()
+        )]
+        for variant in variants
+    ]  # fmt: skip
+    full = not data["models"].startswith("tiny")
+    delays = ",".join(f"{d:g}" for d in data["delays_ms"])
+    command = (
+        f"python -m benchmarks.latency --outputs --clips {data['clips']} --repeats {data['repeats']} "
+        f"--delays {delays}" + (" --models full" if full else "")
+    )
+    return [
+        "## Outputs in a bucket" + (", full-size models" if full else ""),
+        "",
+        f"`{command}`: {data['clips']} local clips ({fmt(data['audio_seconds'], 0)} s of audio), "
+        f"`voxmill extract --ops {data['op']}`, {data['workers']} workers, {data['models']}; the outputs "
+        "to a local folder, then to a bucket on a loopback S3 server (moto) behind a proxy that delays "
+        f"every response's first byte. Workers with shard files uploaded behind their tasks "
+        f"(`uploads_behind: {data['uploads_behind']}`) and by their tasks (`uploads_behind: 0`); the "
+        "serial merge reads the shard objects one after another. Whole run's wall time (over the local "
+        "outputs' with the same workers), the merge's:",
+        "",
+        *table(["outputs", *settings], rows),
+    ]
+
+
 def shard_sizing_section(data: dict[str, Any]) -> Lines:
     rows = [
         [name, str(run["shard_size"]), f"{run['shards']:,}", fmt(run["audio_s_per_s"], 0),
@@ -712,6 +750,8 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], Lines]]] = [
     ("storage", storage_section),
     ("latency", latency_section),
     ("latency-full", latency_section),
+    ("latency_outputs", outputs_section),
+    ("latency_outputs-full", outputs_section),
     ("shard-sizing", shard_sizing_section),
     ("batching", batching_section),
     ("speech-check-full", speech_check_section),

@@ -196,7 +196,7 @@ def run_corpus(
     buffer_rows = cluster.settings.merge_buffer_rows
     read_ahead = ReadAhead(settings.reads_in_flight, settings.read_ahead_bytes)  # a store's shard files
     try:
-        reader = PlanReader(out_dir)
+        reader = PlanReader(out_dir, planner)  # done: its header and chunks known, nothing to look up
         specs, asked = reader.specs(), reader.header().ops
         return merge_outputs(out_dir, specs, report, buffer_rows, quality, asked, read_ahead)
     except VoxmillError as exc:

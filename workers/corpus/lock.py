@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.errors import VoxmillError
+from pipeline.errors import NOT_FOUND, VoxmillError
 from pipeline.outputs.folder import RunFolder
 from workers.corpus.plan import RunError
 
@@ -93,13 +93,22 @@ class StoreLock:
         self._thread.start()
         return self
 
-    def _check_marker(self) -> None:
-        if not self.out.exists(RunFolder.STORE_LOCK):
-            return
+    def _marker(self) -> dict[str, Any] | None:
+        """The marker object, if there is one that reads as a marker (one GET)."""
         try:
             marker = json.loads(self.out.read_bytes(RunFolder.STORE_LOCK))
+        except VoxmillError as exc:
+            if exc.code == NOT_FOUND:
+                return None
+            raise
         except ValueError:
-            return  # not ours to read: written half by hand, or by an older voxmill
+            return None  # not ours to read: written half by hand, or by an older voxmill
+        return marker if isinstance(marker, dict) else None
+
+    def _check_marker(self) -> None:
+        marker = self._marker()
+        if marker is None:
+            return
         if marker.get("token") == self.token:
             return
         if marker_is_live(marker, socket.gethostname(), time.time()):
@@ -124,11 +133,10 @@ class StoreLock:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         try:
-            if self._local is not None and self.out.exists(RunFolder.STORE_LOCK):
-                marker = json.loads(self.out.read_bytes(RunFolder.STORE_LOCK))
-                if marker.get("token") == self.token:
-                    self.out.delete(RunFolder.STORE_LOCK)
-        except (VoxmillError, ValueError):
+            marker = self._marker() if self._local is not None else None
+            if marker is not None and marker.get("token") == self.token:
+                self.out.delete(RunFolder.STORE_LOCK)
+        except VoxmillError:
             pass  # left behind: stale after LOCK_STALE_S
         if self._local is not None:
             self._local.close()

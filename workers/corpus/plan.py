@@ -199,6 +199,7 @@ class Planner:
         self.max_text_chars = settings.max_text_chars
         self.workers = workers
         self.header: PlanHeader | None = self._existing_header()
+        self.resumed = self.header is not None  # else no chunk or complete.json to look for
         self.planned = 0  # shards whose chunk is on disk
         self.utterances = 0
         self.listed_audio_s: float | None = None
@@ -377,7 +378,7 @@ class Planner:
         for digest in digests:
             fingerprint.update(digest.encode())
         name = RunFolder.chunk_file(first // header.shards_per_chunk)
-        if self.out.exists(name):
+        if self.resumed and self.out.exists(name):
             if read_chunk_digests(self.out, name) != digests:
                 raise different_run(self.out_dir)
         else:
@@ -399,7 +400,7 @@ class Planner:
         }
         if listing_digest is not None:
             record["listing_digest"] = listing_digest
-        if self.out.exists(RunFolder.PLAN_COMPLETE):
+        if self.resumed and self.out.exists(RunFolder.PLAN_COMPLETE):
             found = json.loads(self.out.read_bytes(RunFolder.PLAN_COMPLETE))
             if found.get("fingerprint") != self.fingerprint:
                 raise different_run(self.out_dir)
@@ -506,7 +507,10 @@ class PlanReader:
                 if self.planner.error is not None:
                     raise self.planner.error
             name = RunFolder.chunk_file(number)
-            if not self.out.exists(name):
+            if self.planner is not None:  # it knows which chunks are written: no request to look
+                if self.planner.planned <= number * per_chunk:
+                    return
+            elif not self.out.exists(name):
                 return
             yield from read_chunk(self.out, name)
             number += 1
