@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 log = logging.getLogger("voxmill.storage")
 
 
-
 class BackgroundWrites:
     """At most `limit` writes waiting or running on one thread, in the order given."""
 

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from pipeline.errors import FORBIDDEN_PATH, NOT_FOUND, STORE_ERROR, UNREADABLE, VoxmillError
 from pipeline.storage.paths import ConfinedPath, open_confined
+from pipeline.storage.s3_get import DirectS3, Missing, plain_bucket
 from pipeline.storage.urls import StoreUrl, is_url, parse_url
 
 RETRY_ATTEMPTS = 3
@@ -49,6 +50,8 @@ TRANSIENT_NAMES = frozenset(
         "ProxyConnectionError",
         "ResponseStreamingError",
         "IncompleteReadError",
+        "IncompleteRead",
+        "BadStatusLine",
         "ClientConnectionError",
         "ClientConnectorError",
         "ClientOSError",
@@ -199,6 +202,18 @@ def filesystem(scheme: str) -> Any:
         return fs
 
 
+def _direct_s3() -> DirectS3 | None:
+    """This process's signed S3 reader (`pipeline.storage.s3_get`), made on first use and kept
+    beside the file systems (None where it cannot be used)."""
+    key = (os.getpid(), "s3:direct")
+    if key not in _FILESYSTEMS:
+        with _FILESYSTEMS_LOCK:
+            if key not in _FILESYSTEMS:
+                _FILESYSTEMS[key] = DirectS3.from_environment()
+    direct: DirectS3 | None = _FILESYSTEMS[key]
+    return direct
+
+
 async def refuse_redirects(response: Any) -> None:
     """aiohttp's `raise_for_status` hook of voxmill's HTTP file system: a 3xx answer is
     `forbidden_path`. The roots were checked on the URL asked for, so a redirect is never
@@ -283,7 +298,25 @@ def fetch_checked(url: str, max_bytes: int, reserve: Reserve | None = None) -> t
 
 def _s3_get(url: StoreUrl, max_bytes: int | None, reserve: Reserve | None = None) -> tuple[int, bytes | None]:
     """(size, body) of one S3 GET; the body is left unread (None) when empty or over `max_bytes`.
-    `reserve(size)` is called in this thread, off fsspec's loop, between the answer and its body."""
+    `reserve(size)` is called in this thread, between the answer and its body. Signed and sent
+    by this thread (`pipeline.storage.s3_get`) where that asks the store what the SDK would;
+    else through s3fs, off fsspec's loop."""
+    direct = _direct_s3()
+    if direct is not None and direct.usable(url.bucket) and plain_bucket(url.bucket):
+
+        def direct_get() -> tuple[int, bytes | None] | None:
+            try:
+                return direct.get(url.bucket, url.key, max_bytes, reserve)
+            except Missing:
+                raise FileNotFoundError(str(url)) from None
+
+        got = with_retries(direct_get, str(url), "cannot read")
+        if got is not None:
+            return got
+    return _s3_sdk_get(url, max_bytes, reserve)
+
+
+def _s3_sdk_get(url: StoreUrl, max_bytes: int | None, reserve: Reserve | None) -> tuple[int, bytes | None]:
     from fsspec.asyn import sync
 
     fs = filesystem("s3")

@@ -589,3 +589,46 @@ class _StoreRequests(logging.Handler):
             server_log.removeHandler(handler)
             server_log.setLevel(level)
             server_log.disabled = disabled
+
+
+# --------------------------------------------------------------------------- signed GETs
+
+
+def test_objects_are_read_with_signed_gets_of_their_own_and_the_sdk_where_they_cannot_be(
+    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys of every kind read byte for byte without the SDK; a missing key is `not_found` at
+    once; a bucket the store does not answer for as expected (none by that name) goes to the SDK,
+    which says what it is."""
+    bucket = _bucket("signed-gets")
+    keys = ["clip.wav", "spk 1/utt+2=3.flac", "dir/ünï cödé/a~b_c-d.e.wav", "a%20b/(x)!*'.ogg", "empty"]
+    blobs = {key: (b"" if key == "empty" else key.encode() * 700) for key in keys}
+    for key, data in blobs.items():
+        objects.filesystem("s3").pipe_file(f"signed-gets/{key}", data)
+    sdk_reads: list[str] = []
+    sdk_get = objects._s3_sdk_get
+
+    def counted(url: Any, *args: Any) -> Any:
+        sdk_reads.append(str(url))
+        return sdk_get(url, *args)
+
+    monkeypatch.setattr(objects, "_s3_sdk_get", counted)
+    for key, data in blobs.items():
+        assert objects.read_url(f"{bucket}/{key}") == data
+        size, stream = objects.fetch_checked(f"{bucket}/{key}", 10_000_000)
+        assert size == len(data) and (stream is None) == (not data)
+        assert stream is None or stream.read() == data
+    assert objects.fetch_checked(f"{bucket}/clip.wav", 100) == (len(blobs["clip.wav"]), None)  # too big
+    assert objects.read_url(f"{bucket}/clip.wav") == blobs["clip.wav"]  # the connection is good again
+    with pytest.raises(VoxmillError) as missing:
+        objects.read_url(f"{bucket}/no-such-key")
+    assert missing.value.code == NOT_FOUND
+    assert sdk_reads == []  # all of it signed and sent by voxmill itself
+    direct = objects._direct_s3()
+    assert direct is not None and direct.usable("signed-gets")
+
+    with pytest.raises(VoxmillError) as no_bucket:
+        objects.read_url("s3://no-such-bucket-here/key")
+    assert no_bucket.value.code in (NOT_FOUND, STORE_ERROR)
+    assert sdk_reads == ["s3://no-such-bucket-here/key"]  # the SDK was asked, and said so
+    assert not direct.usable("no-such-bucket-here") and direct.usable("signed-gets")
