@@ -4,7 +4,9 @@
 `max_file_bytes` check before reading), `fetch_checked` (size checked before the bytes),
 `url_exists`, `list_url` (one listing call), and `open_input` for a listing file or tar shard
 local or at a URL. fsspec (s3fs, gcsfs, its own HTTP) does the I/O, imported on first use only: a
-run on local files never imports it. Credentials and endpoints come from each store's own
+run on local files never imports it; but the GET of a whole S3 object (a clip, a shard file) is
+signed and sent by the reading thread itself (`pipeline.storage.s3_get`), where that asks the
+store exactly what the SDK would. Credentials and endpoints come from each store's own
 environment variables and files (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `~/.aws/config`,
 `GOOGLE_APPLICATION_CREDENTIALS`...), read by the store's client, never by voxmill; every message
 here is made of voxmill's own words plus the URL and the error's class, so no secret reaches a
