@@ -22,6 +22,7 @@ import hmac
 import http.client
 import os
 import re
+import socket
 import ssl
 import threading
 import urllib.parse
@@ -32,6 +33,10 @@ from typing import Any
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 TIMEOUT_S = 60.0  # botocore's own connect and read timeouts
+READ_BUFFER_BYTES = 64 * 1024
+MAX_LINE_BYTES = 65536
+MAX_HEADERS = 100
+ERROR_BODY_BYTES = 64 * 1024
 
 
 class Missing(Exception):
@@ -66,6 +71,77 @@ class Endpoint:
         if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
             return None
         return cls(parsed.scheme, parsed.hostname, parsed.port, region)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A response's status line and the headers a GET needs."""
+
+    status: int
+    length: int | None  # Content-Length; None: not given (chunked, or until the connection closes)
+    keep_alive: bool
+
+
+class Link:
+    """One HTTP/1.1 connection: a request written whole, its answer read by hand (http.client
+    parses every header through the email package: a tenth of a millisecond of a GET's CPU)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reader = sock.makefile("rb", buffering=READ_BUFFER_BYTES)
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, context: ssl.SSLContext | None) -> Link:
+        port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+        sock = socket.create_connection((endpoint.host, port), timeout=TIMEOUT_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if context is not None:
+            sock = context.wrap_socket(sock, server_hostname=endpoint.host)
+        return cls(sock)
+
+    def send(self, request: bytes) -> None:
+        self.sock.sendall(request)
+
+    def answer(self) -> Answer:
+        line = self.reader.readline(MAX_LINE_BYTES)
+        if not line:
+            raise http.client.RemoteDisconnected("the store closed the connection without an answer")
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+            raise http.client.BadStatusLine(line.decode("latin-1", "replace"))
+        headers: dict[bytes, bytes] = {}
+        for _ in range(MAX_HEADERS):
+            header = self.reader.readline(MAX_LINE_BYTES)
+            if header in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = header.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        else:
+            raise http.client.HTTPException("too many headers")
+        length = headers.get(b"content-length")
+        chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+        close = headers.get(b"connection", b"").lower() == b"close" or parts[0] != b"HTTP/1.1"
+        known = length is not None and length.isdigit() and not chunked
+        return Answer(int(parts[1]), int(length) if known and length else None, not close and known)
+
+    def read_body(self, answer: Answer, limit: int) -> bytes:
+        """The body, `answer.length` bytes (at most `limit` of one of unknown length)."""
+        if answer.length is None:
+            some: bytes = self.reader.read(limit) or b""
+            return some
+        data: bytes = self.reader.read(answer.length)
+        if len(data) != answer.length:
+            raise http.client.IncompleteRead(data, answer.length - len(data))
+        return data
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+def _request(path: str, headers: dict[str, str]) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", *(f"{name}: {value}" for name, value in headers.items()), "", ""]
+    return "\r\n".join(lines).encode("latin-1")
 
 
 class DirectS3:
@@ -114,66 +190,69 @@ class DirectS3:
         only the SDK may handle (the bucket is refused from then on). A connection error is
         raised (`OSError`, `http.client.HTTPException`) for the caller to retry."""
         path = "/" + urllib.parse.quote(f"{bucket}/{key}", safe="/~")
-        response = self._send(path)
-        if response.status != 200:
-            body = response.read()
-            if response.status == 404 and b"<Code>NoSuchKey</Code>" in body:
-                raise Missing(key)
-            if response.status in (500, 502, 503, 504):
-                raise StoreBusy(response.status)
-            self._refused.add(bucket)
-            return None
-        size = int(response.getheader("Content-Length") or 0)
-        if size == 0 or (max_bytes is not None and size > max_bytes):
-            self._drop_connection()  # its body unread: the connection cannot serve another request
-            return size, None
+        link, answer = self._ask(path)
         try:
+            if answer.status != 200:
+                body = link.read_body(answer, ERROR_BODY_BYTES)
+                if answer.status == 404 and b"<Code>NoSuchKey</Code>" in body:
+                    raise Missing(key)
+                if answer.status in (500, 502, 503, 504):
+                    raise StoreBusy(answer.status)
+                self._refused.add(bucket)
+                return None
+            size = answer.length
+            if size is None:  # a body of unknown length (chunked): the SDK's to read
+                self._refused.add(bucket)
+                self._drop_link()
+                return None
+            if size == 0 or (max_bytes is not None and size > max_bytes):
+                if size:
+                    self._drop_link()  # its body unread: the connection cannot serve another request
+                return size, None
             if reserve is not None:
                 reserve(size)
-            data = response.read()
+            return size, link.read_body(answer, size)
+        except (Missing, StoreBusy):
+            raise  # an answer read whole: the connection serves on
         except BaseException:
-            self._drop_connection()
+            self._drop_link()
             raise
-        if len(data) != size:
-            self._drop_connection()
-            raise http.client.IncompleteRead(data, size - len(data))
-        return size, data
+        finally:
+            if not answer.keep_alive:
+                self._drop_link()
 
-    def _send(self, path: str) -> http.client.HTTPResponse:
-        """The answer's status and headers; a kept-alive connection the server has closed since
-        is replaced at once, as any HTTP client does."""
+    def _ask(self, path: str) -> tuple[Link, Answer]:
+        """Send the GET; its answer's status and headers. A kept-alive connection the server has
+        closed since is replaced at once, as any HTTP client does."""
+        request = _request(path, self._signed_headers(path))
         for fresh in (False, True):
-            connection, reused = self._connection()
+            link, reused = self._link()
             try:
-                connection.request("GET", path, headers=self._signed_headers(path))
-                return connection.getresponse()
+                link.send(request)
+                return link, link.answer()
             except (ConnectionError, http.client.BadStatusLine):
-                self._drop_connection()
+                self._drop_link()
                 if fresh or not reused:
                     raise
             except BaseException:
-                self._drop_connection()
+                self._drop_link()
                 raise
         raise AssertionError("unreachable")
 
-    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+    def _link(self) -> tuple[Link, bool]:
         """This thread's connection, and whether it served a request before."""
-        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
-        if connection is not None:
-            return connection, True
-        host, port = self.endpoint.host, self.endpoint.port
-        if self._context is not None:
-            connection = http.client.HTTPSConnection(host, port, timeout=TIMEOUT_S, context=self._context)
-        else:
-            connection = http.client.HTTPConnection(host, port, timeout=TIMEOUT_S)
-        self._local.connection = connection
-        return connection, False
+        link: Link | None = getattr(self._local, "link", None)
+        if link is not None:
+            return link, True
+        link = Link.open(self.endpoint, self._context)
+        self._local.link = link
+        return link, False
 
-    def _drop_connection(self) -> None:
-        connection = getattr(self._local, "connection", None)
-        self._local.connection = None
-        if connection is not None:
-            connection.close()
+    def _drop_link(self) -> None:
+        link: Link | None = getattr(self._local, "link", None)
+        self._local.link = None
+        if link is not None:
+            link.close()
 
     def _signed_headers(self, path: str, now: datetime.datetime | None = None) -> dict[str, str]:
         """SigV4 headers of a GET of `path` (no query, no body), signed at `now` (UTC)."""
