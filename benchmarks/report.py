@@ -645,6 +645,25 @@ def outputs_section(data: dict[str, Any]) -> Lines:
     ]
 
 
+def get_cpu_section(data: dict[str, Any]) -> Lines:
+    rows = [
+        [name, f"{fmt(by['median'], 3)} ({fmt(min(by['runs']), 3)}–{fmt(max(by['runs']), 3)})"]
+        for name, by in data["cpu_ms_per_get"].items()
+    ]
+    return [
+        "## CPU per S3 GET",
+        "",
+        f"`python -m benchmarks.get_cpu --objects {data['objects']} --kb {data['object_kb']}`: "
+        f"{data['objects']} objects of {data['object_kb']} KB read one after another from a loopback "
+        "S3 server (moto, in a process of its own); the reader's CPU per GET, "
+        f"{data['repeats']} repeats in alternating order. `voxmill`: the signed GETs of "
+        "`pipeline.storage.s3_get`; `s3fs`: the SDK path voxmill falls back to; `botocore`: the "
+        "SDK's own synchronous client.",
+        "",
+        *table(["reader", "CPU ms per GET"], rows),
+    ]
+
+
 def shard_sizing_section(data: dict[str, Any]) -> Lines:
     rows = [
         [name, str(run["shard_size"]), f"{run['shards']:,}", fmt(run["audio_s_per_s"], 0),
@@ -680,9 +699,10 @@ def batching_section(data: dict[str, Any]) -> Lines:
         "## Batched tokens",
         "",
         f"`python -m benchmarks.batching`: `voxmill extract --ops tokenize`, {data['workers']} workers, "
-        f"{data['models']} stand-ins (the tokenizer and its batch twin), `batch_tokenize` auto (the CPU "
-        "rule: clips up to 3 s, batches of 4–8 rows) against off, back to back in alternating order; audio "
-        "s/s and the ratio on / off; batch sizes as batches × rows.",
+        f"{data['models']} stand-ins (the tokenizer and its batch twin), `batch_tokenize` auto with "
+        "`batch_max_clip_s: 3` (the CPU's opt-in rule: clips up to 3 s, batches of up to 8 rows; by default "
+        "the CPU batches nothing) against off, back to back in alternating order; audio s/s and the ratio "
+        f"on / off; batch sizes as batches × rows. CPU: {data['machine']['cpu_model']}.",
         "",
         *table(BATCHING_COLUMNS, rows),
         "Single jobs through `Client` (a 2 s clip, tokenize, one at a time): p50 "
@@ -752,6 +772,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], Lines]]] = [
     ("latency-full", latency_section),
     ("latency_outputs", outputs_section),
     ("latency_outputs-full", outputs_section),
+    ("get-cpu", get_cpu_section),
     ("shard-sizing", shard_sizing_section),
     ("batching", batching_section),
     ("speech-check-full", speech_check_section),

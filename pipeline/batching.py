@@ -89,11 +89,18 @@ class BatchRule:
         cpu = serving == CPU
         longest = int(settings.batch_max_clip_s * FRAME_RATE_HZ)
         where_it_pays = cpu and settings.batch_tokenize == "auto"  # on a GPU, and with `on`: every clip
+        if where_it_pays and longest <= 0:  # the CPU's default: batches did not pay on every CPU
+            return None
         return cls(
             max_batch=settings.batch_max_clips or (DEFAULT_MAX_BATCH if cpu else GPU_MAX_BATCH),
             frame_budget=settings.batch_frame_budget or (DEFAULT_FRAME_BUDGET if cpu else GPU_FRAME_BUDGET),
             max_clip_frames=longest if where_it_pays else None,
         )
+
+    @staticmethod
+    def loads_twin(settings: Settings, serving: str) -> bool:
+        """Whether a worker serving on `serving` loads the batch file: where its rule batches."""
+        return BatchRule.from_settings(settings, serving) is not None
 
     def takes(self, frames: int) -> bool:
         """Whether a clip of `frames` log-mel frames joins a batch."""

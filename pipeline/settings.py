@@ -96,9 +96,9 @@ class Settings(BaseSettings):
         "auto",
         "Speech tokens of a shard in batches through the model folder's batch tokenizer "
         "(speech_tokenizer_v2.batch.onnx, CosyVoice's name), where the folder has one. auto: where it "
-        "pays, by provider (CPU: clips up to batch_max_clip_s; GPU: every clip and window); on: every "
-        "clip and window; off: one clip per run, the batch file never loaded. Tokens are the same "
-        "either way; each result names the file that made them.",
+        "pays, by provider (CPU: clips up to batch_max_clip_s, none by default; GPU: every clip and "
+        "window); on: every clip and window; off: one clip per run, the batch file never loaded. Tokens "
+        "are the same either way; each result names the file that made them.",
     )
     batch_max_clips: int = _f(
         0, "Rows (clips, or 30 s windows of long ones) per batch; 0: 8 on the CPU, 32 on a GPU."
@@ -114,9 +114,11 @@ class Settings(BaseSettings):
         "running beside it, to share one batch (never when it runs alone); 0: never gather.",
     )
     batch_max_clip_s: float = _f(
-        3.0,
-        "With batch_tokenize auto on the CPU, clips longer than this run alone (measured: 8 clips of "
-        "2 s batched 1.10x the single runs' rate, 5 s 0.95x, 10 s 0.86x; BENCHMARKS.md).",
+        0.0,
+        "With batch_tokenize auto on the CPU, clips up to this long are batched, longer ones run alone; "
+        "0: none (the batch file is not loaded). Whether batches pay depends on the CPU: clips up to 3 s "
+        "ran 1.09-1.16x on an Intel Xeon and 0.98x on an AMD EPYC (docs/models.md): set 3 where a "
+        "benchmark says so.",
     )
     cuda_device_id: int = _f(0, "The GPU a worker uses (run one worker per GPU).")
     cuda_mem_limit_bytes: int = _f(0, "Cap of each session's CUDA memory arena; 0: none.")

@@ -34,7 +34,7 @@ from celery import Celery, signals
 
 from pipeline.allocator import fix_mmap_threshold
 from pipeline.audio.vad import SpeechCheck, shared_detector
-from pipeline.batching import JobGathering
+from pipeline.batching import BatchRule, JobGathering
 from pipeline.errors import ModelUnavailable
 from pipeline.inference import SERVING_IMPORTS
 from pipeline.models.options import SessionOptions
@@ -142,7 +142,7 @@ class WorkerProcess:
             self.metrics,
             self.settings.reload_aside_wait_max_s,
             name=worker_id,
-            batch_twins=self.settings.batch_tokenize != "off",
+            batch_twins=BatchRule.loads_twin(self.settings, serving_provider(self.settings)),
         )
         if self.pool == "threads" and self.settings.batch_gather_ms > 0:  # jobs run side by side
             holder = self.holder

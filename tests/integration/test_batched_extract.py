@@ -29,7 +29,7 @@ def extract(corpus: Path, out: Path, models: Path, mode: str, *more: str) -> str
     done = voxmill(
         "extract", str(corpus), "--out", str(out), "--models", str(models), "--workers", "2",
         "--shard-size", "5", "--quiet", *more, timeout=300,
-        env={"VOXMILL_BATCH_TOKENIZE": mode},
+        env={"VOXMILL_BATCH_TOKENIZE": mode, "VOXMILL_BATCH_MAX_CLIP_S": "3"},  # the CPU's opt-in rule
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr

@@ -23,7 +23,7 @@ def test_a_threads_worker_gathers_concurrent_jobs_into_one_batch(
     audio = make_audio_folder(tmp_path / "audio", 8, 0.8, 2.5, seed=21)
     paths = sorted(audio.rglob("*.wav"))
     # A leader waits up to 3 s for the jobs running beside it.
-    settings = make_settings(redis_url, tiny_models, [audio], batch_gather_ms=3000.0)
+    settings = make_settings(redis_url, tiny_models, [audio], batch_gather_ms=3000.0, batch_max_clip_s=3.0)
     start_worker(settings, concurrency=4, queues=("tokenize",), pool="threads", wait=False)
     broker = redis.Redis.from_url(redis_url)
     wait_for(lambda: any(r.get("models") for r in worker_dicts(broker)), timeout_s=120)
@@ -49,7 +49,7 @@ def test_a_worker_reloads_a_batch_file_that_changed(
     shutil.copytree(tiny_models, folder)
     other.mkdir()
     reexported(tiny_models / TOKENIZER_BATCH_FILE, other / TOKENIZER_BATCH_FILE)  # same weights, new bytes
-    settings = make_settings(redis_url, folder, [tmp_path], worker_reload_check_s=0.2)
+    settings = make_settings(redis_url, folder, [tmp_path], worker_reload_check_s=0.2, batch_max_clip_s=3.0)
     start_worker(settings, queues=("tokenize",))
     broker = redis.Redis.from_url(redis_url)
 

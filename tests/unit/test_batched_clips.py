@@ -143,8 +143,14 @@ def test_a_source_refused_before_reading_keeps_its_place(
 
 def test_the_rule_by_provider_and_settings() -> None:
     assert BatchRule.from_settings(Settings(batch_tokenize="off"), "CPUExecutionProvider") is None
-    assert BatchRule.from_settings(Settings(), "CPUExecutionProvider") == BatchRule(8, 1600, 300)
+    # The CPU batches nothing by default (it did not pay on every CPU); clips up to 3 s when asked.
+    assert BatchRule.from_settings(Settings(), "CPUExecutionProvider") is None
+    assert not BatchRule.loads_twin(Settings(), "CPUExecutionProvider")
+    short = Settings(batch_max_clip_s=3.0)
+    assert BatchRule.from_settings(short, "CPUExecutionProvider") == BatchRule(8, 1600, 300)
+    assert BatchRule.loads_twin(short, "CPUExecutionProvider")
     assert BatchRule.from_settings(Settings(), "CUDAExecutionProvider") == BatchRule(32, 96000, None)
+    assert BatchRule.loads_twin(Settings(), "CUDAExecutionProvider")
     assert BatchRule.from_settings(Settings(batch_tokenize="on"), "CPUExecutionProvider") == BatchRule(
         8, 1600, None
     )

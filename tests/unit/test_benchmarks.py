@@ -232,6 +232,39 @@ def test_latency_runs_and_reports(tmp_path: Path) -> None:
     )
 
 
+def test_outputs_in_a_bucket_run_and_report(tmp_path: Path) -> None:
+    """`benchmarks.latency --outputs` end to end on a few clips: workers uploading behind their
+    tasks and in them, every variant run, each clip once in its outputs."""
+    out = tmp_path / "outputs.json"
+    args = ["--outputs", "--clips", "8", "--delays", "0,20", "--repeats", "1", "--out", str(out)]
+    run_benchmark(tmp_path / "work", "benchmarks.latency", *args)
+    data = json.loads(out.read_text())
+    behind, in_task = data["settings"]["uploads behind"], data["settings"]["uploads in the task"]
+    assert set(behind) == {"local", "bucket +0 ms", "bucket +20 ms", "bucket, serial merge +20 ms"}
+    assert set(in_task) == {"local", "bucket +0 ms", "bucket +20 ms"}
+    assert all(run["utts"] == 8 for row in [*behind.values(), *in_task.values()] for run in row["runs"])
+    from benchmarks.report import outputs_section
+
+    section = "\n".join(outputs_section(data))
+    assert "| outputs | uploads behind | uploads in the task |" in section
+    target = targets_section({"latency_outputs": data})[4]
+    assert "outputs in the bucket at +20 ms, tiny models: whole run / local outputs" in target
+
+
+def test_cpu_per_get_runs_and_reports(tmp_path: Path) -> None:
+    """`benchmarks.get_cpu` on a few objects: every reader measured, voxmill's own GETs used."""
+    out = tmp_path / "get-cpu.json"
+    run_benchmark(
+        tmp_path / "work", "benchmarks.get_cpu", "--objects", "5", "--repeats", "1", "--out", str(out)
+    )
+    data = json.loads(out.read_text())
+    assert set(data["cpu_ms_per_get"]) == {"voxmill", "s3fs", "botocore"}
+    assert all(by["median"] > 0 for by in data["cpu_ms_per_get"].values())
+    from benchmarks.report import get_cpu_section
+
+    assert "| voxmill |" in "\n".join(get_cpu_section(data))
+
+
 def test_the_shard_sizing_result_renders_with_its_target() -> None:
     from benchmarks.report import shard_sizing_section
 

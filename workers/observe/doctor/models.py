@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.batching import BatchRule
 from pipeline.errors import VoxmillError
 from pipeline.settings import Settings
 from workers.observe.doctor.check import (
@@ -89,16 +90,24 @@ def model_checks(
         if model is not None:
             models.append(model)
         twin = registry.find_batch_model(role, folder)
-        if twin is not None:  # workers load it beside the tokenizer unless batch_tokenize is off
+        if twin is not None:  # workers load it beside the tokenizer where their rule batches
             batch_model, batch_lines = check_model_file(role, twin, registry, settings, available, batch=True)
             checks += batch_lines
-            if batch_model is not None and settings.batch_tokenize != "off":
+            if batch_model is not None and BatchRule.loads_twin(settings, _serving(settings, available)):
                 models.append(batch_model)
     if not models and not any(c.status == "error" for c in checks):
         checks.append(
             error("models", f"no model in {folder}", "voxmill models make-standin --out DIR to try")
         )
     return models, checks
+
+
+def _serving(settings: Settings, available: Sequence[str]) -> str:
+    """The provider a worker's sessions would be served by, as far as what is installed says."""
+    from pipeline.models.providers import ProviderOptions, choose_providers
+
+    options = ProviderOptions(device_id=settings.cuda_device_id)
+    return choose_providers(settings.provider, available, options).serving
 
 
 def check_model_file(
