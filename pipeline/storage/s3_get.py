@@ -3,15 +3,16 @@
 A clip read from a bucket is one GET. Through s3fs, botocore builds, signs and parses each one
 and aiohttp and the hand-off to fsspec's loop thread add more: about 2 ms of a worker's CPU per
 clip, as much as the tiny models' compute. `DirectS3` signs the request itself (the signing key
-is derived once a day) and sends it with `http.client` from the reading thread: a few tenths of
-a millisecond.
+is derived once a day), writes it on a keep-alive socket of the reading thread and reads the
+answer's status line and headers by hand (`Link`): a few tenths of a millisecond.
 
 It is used only where it asks the store exactly what the SDK would: credentials, region and
 endpoint come from botocore's own resolution (`AWS_ENDPOINT_URL`, `~/.aws/config`, an instance
 role: read and refreshed by botocore), addressed path-style; never behind an HTTP proxy
 (`HTTPS_PROXY`...). Anything it does not expect of a bucket (a redirect to another region, an
-authorization or addressing error: any status but 200, or a 404 other than `NoSuchKey`) returns
-None, and the bucket is read through the SDK from then on (`objects._s3_get`).
+authorization or addressing error: any status but 200, 5xx or a 404 `NoSuchKey`; a body of
+unknown length) returns None, and the bucket is read through the SDK from then on
+(`objects._s3_get`). A 5xx is `StoreBusy`, retried as the SDK's would be.
 """
 
 from __future__ import annotations
