@@ -38,7 +38,7 @@ from pipeline.batching import BatchRule, JobGathering
 from pipeline.errors import ModelUnavailable
 from pipeline.inference import SERVING_IMPORTS
 from pipeline.models.options import SessionOptions
-from pipeline.models.providers import CPU, choose_providers
+from pipeline.models.providers import CPU
 from pipeline.models.registry import Registry
 from pipeline.models.sessions import ModelSession
 from pipeline.records import ROLES_BY_OP
@@ -304,8 +304,7 @@ def serving_provider(settings: Settings) -> str:
     """The provider a session built with `settings` would run on (by what is installed)."""
     import onnxruntime as ort
 
-    options = SessionOptions.from_settings(settings)
-    return choose_providers(options.provider, ort.get_available_providers(), options.provider_options).serving
+    return SessionOptions.from_settings(settings).serving_provider(ort.get_available_providers())
 
 
 def check_pool_for_provider(settings: Settings, pool: str, serving: str | None = None) -> str | None:

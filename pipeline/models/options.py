@@ -3,11 +3,12 @@ memory patterns and when the CPU arena shrinks."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.models.cache import ModelCache
-from pipeline.models.providers import ProviderOptions
+from pipeline.models.providers import ProviderOptions, choose_providers
 from pipeline.settings import Settings
 
 
@@ -51,6 +52,10 @@ class SessionOptions:
             mem_pattern=settings.ort_mem_pattern,
             arena_shrink=settings.ort_arena_shrink,
         )
+
+    def serving_provider(self, available: Sequence[str]) -> str:
+        """The provider a session built with these options serves on, given the installed ones."""
+        return choose_providers(self.provider, available, self.provider_options).serving
 
     def model_cache(self) -> ModelCache | None:
         """The optimized-model cache when configured and trustworthy."""

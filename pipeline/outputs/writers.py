@@ -140,27 +140,27 @@ def write_shard(
     results: list[TaskResult],
     utts: Sequence[Utterance] | None = None,
 ) -> Path | str:
-    """Write the shard file of `spec` (`shard_file_table`); returns its path or URL.
-    `VoxmillError("output_error")` only when the file cannot be written (left to a later attempt)."""
+    """Write the shard file of `spec` (`results[i]` belongs to `spec.utts[i]`, or to `utts[i]`
+    for a tar shard, whose utterances are what the tar held); returns its path or URL.
+
+    A result the file cannot hold is stored as an `output_error` of its utterance
+    (`storable_results`), and the table made of them (`shard_file_table`).
+    `VoxmillError("output_error")` only when the file cannot be written (left to a later attempt).
+    """
+    stored = storable_results(spec.op, results, spec.utts if utts is None else utts)
     name = out_dir.shard_file(spec.op, spec.shard)
-    write_table_at(out_dir.location, name, shard_file_table(spec, results, utts))
+    write_table_at(out_dir.location, name, shard_file_table(spec, stored, utts))
     return out_dir.ref(name)
 
 
 def shard_file_table(
-    spec: ShardSpec, results: list[TaskResult], utts: Sequence[Utterance] | None = None
+    spec: ShardSpec, stored: list[TaskResult], utts: Sequence[Utterance] | None = None
 ) -> pa.Table:
-    """The table of `spec`'s shard file (`results[i]` belongs to `spec.utts[i]`, or to `utts[i]`
-    for a tar shard, whose utterances are what the tar held).
-
-    A result the file cannot hold is stored as an `output_error` of its utterance (`row_problem`);
-    should the rows still not make a table, every utterance is stored failed with the reason.
-    """
+    """The table of `spec`'s shard file from results as `storable_results` gives them; should the
+    rows still not make a table, every utterance is stored failed with the reason."""
     rows = spec.utts if utts is None else utts
-    if len(results) != len(rows):
-        raise VoxmillError(INTERNAL, f"shard {spec.name}: {len(results)} results for {len(rows)} utterances")
     try:
-        return shard_table(spec, storable_results(spec.op, results, rows), rows)
+        return shard_table(spec, stored, rows)
     except Exception as exc:  # noqa: BLE001 - what `row_problem` missed: the rows fail, not the shard
         reason = f"the shard's rows cannot be stored ({type(exc).__name__}: {_short(str(exc))})"
         return failed_shard_table(spec, rows, OUTPUT_ERROR, reason)
@@ -185,7 +185,9 @@ def failed_shard_table(spec: ShardSpec, utts: Sequence[Utterance], code: str, me
 def storable_results(op: str, results: Sequence[TaskResult], utts: Sequence[Utterance]) -> list[TaskResult]:
     """`results`, each one whose row the shard file cannot hold (`row_problem`) made an
     `output_error` of its utterance that says why (and its statistics dropped if they are the
-    cause)."""
+    cause); `internal` when there is not one result per utterance."""
+    if len(results) != len(utts):
+        raise VoxmillError(INTERNAL, f"{len(results)} results for {len(utts)} utterances")
     stored = []
     for utt, result in zip(utts, results, strict=True):
         wrong = row_problem(op, result, utt)

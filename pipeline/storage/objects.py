@@ -175,45 +175,45 @@ def filesystem(scheme: str) -> Any:
     Keyed by process id: a forked worker makes its own (fsspec's event loop is per process).
     Made under a lock with its client session, since reads in flight call it from several threads.
     """
-    key = (os.getpid(), scheme)
-    fs = _FILESYSTEMS.get(key)
-    if fs is not None:
-        return fs
-    with _FILESYSTEMS_LOCK:
-        fs = _FILESYSTEMS.get(key)
-        if fs is not None:
-            return fs
-        import fsspec
-
-        protocol = {"gs": "gcs"}.get(scheme, scheme)
-        options: dict[str, Any] = {"skip_instance_cache": True}
-        if protocol in ("s3", "gcs"):
-            options["use_listings_cache"] = False
-        if protocol in ("http", "https"):
-            # Every request (HEAD, GET, ranged GET, listing) gets allow_redirects=False, and the
-            # session's raise_for_status hook refuses the 3xx that aiohttp then returns as is.
-            options["allow_redirects"] = False
-            options["client_kwargs"] = {"raise_for_status": refuse_redirects}
-        fs = fsspec.filesystem(protocol, **options)
-        if protocol in ("s3", "http", "https"):
-            # Made lazily by the first request otherwise, and twice by two concurrent first requests.
-            from fsspec.asyn import sync
-
-            sync(fs.loop, fs.set_session)
-        _FILESYSTEMS[key] = fs
-        return fs
+    return _made_once(scheme, lambda: _new_filesystem(scheme))
 
 
 def _direct_s3() -> DirectS3 | None:
     """This process's signed S3 reader (`pipeline.storage.s3_get`), made on first use and kept
     beside the file systems (None where it cannot be used)."""
-    key = (os.getpid(), "s3:direct")
+    direct: DirectS3 | None = _made_once("s3:direct", DirectS3.from_environment)
+    return direct
+
+
+def _made_once(name: str, make: Callable[[], Any]) -> Any:
+    """What `make()` gave in this process under `name`: made once, under the lock."""
+    key = (os.getpid(), name)
     if key not in _FILESYSTEMS:
         with _FILESYSTEMS_LOCK:
             if key not in _FILESYSTEMS:
-                _FILESYSTEMS[key] = DirectS3.from_environment()
-    direct: DirectS3 | None = _FILESYSTEMS[key]
-    return direct
+                _FILESYSTEMS[key] = make()
+    return _FILESYSTEMS[key]
+
+
+def _new_filesystem(scheme: str) -> Any:
+    import fsspec
+
+    protocol = {"gs": "gcs"}.get(scheme, scheme)
+    options: dict[str, Any] = {"skip_instance_cache": True}
+    if protocol in ("s3", "gcs"):
+        options["use_listings_cache"] = False
+    if protocol in ("http", "https"):
+        # Every request (HEAD, GET, ranged GET, listing) gets allow_redirects=False, and the
+        # session's raise_for_status hook refuses the 3xx that aiohttp then returns as is.
+        options["allow_redirects"] = False
+        options["client_kwargs"] = {"raise_for_status": refuse_redirects}
+    fs = fsspec.filesystem(protocol, **options)
+    if protocol in ("s3", "http", "https"):
+        # Made lazily by the first request otherwise, and twice by two concurrent first requests.
+        from fsspec.asyn import sync
+
+        sync(fs.loop, fs.set_session)
+    return fs
 
 
 async def refuse_redirects(response: Any) -> None:

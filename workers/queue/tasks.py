@@ -286,7 +286,7 @@ def _shard_result(process: WorkerProcess, task: Task, payload: Any) -> ShardResu
         return failed_shard(payload, unexpected(exc, f"shard {spec.name}"))
     try:  # a row the file cannot hold is stored as that utterance's output_error
         results = storable_results(spec.op, results, utts)  # and counted so in the announcement
-        table = shard_file_table(spec, results, utts)
+        table = shard_file_table(spec, results, utts)  # of those very results: checked once
     except VoxmillError as exc:
         return failed_shard(payload, exc)
     except Exception as exc:

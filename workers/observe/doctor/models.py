@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.batching import BatchRule
 from pipeline.errors import VoxmillError
+from pipeline.models.options import SessionOptions
 from pipeline.settings import Settings
 from workers.observe.doctor.check import (
     Check,
@@ -93,21 +94,14 @@ def model_checks(
         if twin is not None:  # workers load it beside the tokenizer where their rule batches
             batch_model, batch_lines = check_model_file(role, twin, registry, settings, available, batch=True)
             checks += batch_lines
-            if batch_model is not None and BatchRule.loads_twin(settings, _serving(settings, available)):
+            serving = SessionOptions.from_settings(settings).serving_provider(available)
+            if batch_model is not None and BatchRule.loads_twin(settings, serving):
                 models.append(batch_model)
     if not models and not any(c.status == "error" for c in checks):
         checks.append(
             error("models", f"no model in {folder}", "voxmill models make-standin --out DIR to try")
         )
     return models, checks
-
-
-def _serving(settings: Settings, available: Sequence[str]) -> str:
-    """The provider a worker's sessions would be served by, as far as what is installed says."""
-    from pipeline.models.providers import ProviderOptions, choose_providers
-
-    options = ProviderOptions(device_id=settings.cuda_device_id)
-    return choose_providers(settings.provider, available, options).serving
 
 
 def check_model_file(
