@@ -59,9 +59,16 @@ class Utterance:
         return self.start_s is not None or self.end_s is not None or self.channel is not None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        if not self.is_segment:  # a whole file: the shard message stays as small as before
-            del data["start_s"], data["end_s"], data["channel"]
+        # Spelled out, not `asdict` (which copies deeply): the driver writes one per utterance.
+        data: dict[str, Any] = {
+            "utt": self.utt,
+            "path": self.path,
+            "spk": self.spk,
+            "text": self.text,
+            "duration_s": self.duration_s,
+        }
+        if self.is_segment:  # a whole file: the shard message stays as small as before
+            data.update(start_s=self.start_s, end_s=self.end_s, channel=self.channel)
         return data
 
     @classmethod

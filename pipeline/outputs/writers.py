@@ -32,6 +32,7 @@ why: the merge takes it for the shard, and a resume counts the shard done.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -247,10 +248,11 @@ def _embedding_problem(embedding: Any) -> str | None:
     found = np.asarray(embedding)
     if found.ndim != 1 or found.dtype.kind not in "iuf":
         return "an embedding value is not a number"
-    values = found.astype(np.float64)
-    if not bool(np.all(np.isfinite(values))):
+    wide = found.dtype != np.float32  # a model's own float32: finite is within range
+    values = found.astype(np.float64) if wide else found
+    if not bool(np.isfinite(values).all()):
         return "the embedding holds a non-finite value (NaN or infinity)"
-    if float(np.max(np.abs(values))) > FLOAT32_MAX:
+    if wide and float(np.abs(values).max()) > FLOAT32_MAX:
         return "an embedding value is beyond the float32 range"
     return None
 
@@ -259,20 +261,31 @@ def _stats_problem(stats: Any) -> str | None:
     """Why a clip's quality statistics do not fit their columns, or None."""
     if not isinstance(stats, dict):
         return "its statistics are not a mapping"
-    for name in STAT_COLUMNS:
+    for name, kind in _stat_kinds().items():
         value = stats.get(name)
         if value is None:
             continue
-        kind = SHARD_SCHEMA.field(name).type
-        if pa.types.is_string(kind):
+        if kind == "text":
             ok = encodable(value)
-        elif pa.types.is_integer(kind):
+        elif kind == "integer":
             ok = _is_integer(value) and INT32_RANGE[0] <= value <= INT32_RANGE[1]
         else:
             ok = _is_number(value) and math.isfinite(value)
         if not ok:
             return f"statistic {name} is {_short(repr(value), 40)}"
     return None
+
+
+@functools.cache
+def _stat_kinds() -> dict[str, str]:
+    """Each statistic column's kind in the shard file ("text", "integer" or "number"), read from
+    the schema once: a shard checks every row's."""
+    kinds = {}
+    for name in STAT_COLUMNS:
+        column = SHARD_SCHEMA.field(name).type
+        kind = "integer" if pa.types.is_integer(column) else "number"
+        kinds[name] = "text" if pa.types.is_string(column) else kind
+    return kinds
 
 
 def _is_integer(value: Any) -> bool:

@@ -113,9 +113,14 @@ class ConfinedPath:
 
 
 def confine_path(
-    path: str | Path, roots: Roots | Sequence[Path], base: Path | None = None, max_chars: int = MAX_TEXT_CHARS
+    path: str | Path,
+    roots: Roots | Sequence[Path],
+    base: Path | None = None,
+    max_chars: int = MAX_TEXT_CHARS,
+    folders: dict[str, str] | None = None,
 ) -> ConfinedPath:
-    """`path` (relative to `base`, default cwd) resolved, with the root it lies below.
+    """`path` (relative to `base`, default cwd) resolved, with the root it lies below;
+    `folders`: the real paths of folders resolved before, kept for the next call (`real_path`).
 
     Raises `bad_request` for a NUL byte, an empty path or one over `max_chars` characters, and
     `forbidden_path` when the real path lies outside every root (also when no roots are given)
@@ -129,8 +134,8 @@ def confine_path(
         raise VoxmillError(BAD_REQUEST, "path is empty")
     allowed = roots if isinstance(roots, Roots) else Roots.of(roots)
     try:
-        anchor = os.getcwd() if base is None else os.fspath(base)
-        real = os.path.realpath(os.path.join(anchor, text))
+        anchor = "/" if text.startswith("/") else os.getcwd() if base is None else os.fspath(base)
+        real = real_path(os.path.join(anchor, text), folders)
     except OSError as exc:  # readlink of a part that stopped being a symlink mid-resolve (EINVAL)
         reason = exc.strerror or exc
         raise VoxmillError(
@@ -146,6 +151,21 @@ def confine_path(
     return ConfinedPath(Path(real), root)
 
 
+def real_path(path: str, folders: dict[str, str] | None = None) -> str:
+    """`os.path.realpath(path)`; with `folders`, the real path of `path`'s folder is looked up
+    there (and kept there), so that the files of one folder cost one `lstat` each. What is then
+    opened is walked again without following a symlink (`open_confined`): a folder changed since
+    it was kept can make a read fail, never let one out of its root."""
+    folder, name = os.path.split(path)
+    if folders is None or name in ("", ".", ".."):
+        return os.path.realpath(path)
+    real_folder = folders.get(folder)
+    if real_folder is None:
+        real_folder = folders[folder] = os.path.realpath(folder)
+    real = os.path.join(real_folder, name)
+    return os.path.realpath(path) if os.path.islink(real) else real
+
+
 def resolve_allowed_path(
     path: str | Path, roots: Roots | Sequence[Path], base: Path | None = None, max_chars: int = MAX_TEXT_CHARS
 ) -> Path:
@@ -159,12 +179,13 @@ def resolve_allowed(
     roots: Roots | Sequence[Path],
     url_roots: Sequence[str] = (),
     max_chars: int = MAX_TEXT_CHARS,
+    folders: dict[str, str] | None = None,
 ) -> ConfinedPath | str:
-    """A path confined to `roots` (`confine_path`), or a URL to `url_roots` (its normalised
-    spelling): what a worker reads for a job, an utterance or a tar shard."""
+    """A path confined to `roots` (`confine_path`, `folders` as there), or a URL to `url_roots`
+    (its normalised spelling): what a worker reads for a job, an utterance or a tar shard."""
     if isinstance(path, str) and is_url(path):
         return check_url(path, url_roots, max_chars)
-    return confine_path(path, roots, max_chars=max_chars)
+    return confine_path(path, roots, max_chars=max_chars, folders=folders)
 
 
 def open_confined(confined: ConfinedPath, check: Callable[[os.stat_result], None] | None = None) -> int:

@@ -366,3 +366,13 @@ def test_late_shards_before_any_is_done_are_only_those_that_can_have_started() -
     # No shard done yet: shard 3 waits in the queue behind the 2 running; its wait is no loss.
     assert [item.spec.shard for item in late_shards(inflight, 70.0, 60.0, running=2)] == [0, 1]
     assert late_shards(inflight, 59.0, 60.0, running=2) == []
+
+
+def test_an_utterance_on_the_wire_keeps_every_field_and_a_whole_file_no_segment_keys() -> None:
+    from dataclasses import fields
+
+    segment = Utterance("u1", "/d/r.wav", "s", "t", duration_s=1.5, start_s=0.5, end_s=2.0, channel=1)
+    whole = Utterance("u2", "/d/b.wav", spk="s", duration_s=2.0)
+    assert set(segment.to_dict()) == {f.name for f in fields(Utterance)}
+    assert set(whole.to_dict()) == {f.name for f in fields(Utterance)} - {"start_s", "end_s", "channel"}
+    assert [Utterance.from_dict(u.to_dict()) for u in (segment, whole)] == [segment, whole]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import BAD_REQUEST, FORBIDDEN_PATH, VoxmillError
-from pipeline.storage.paths import Roots, is_within, resolve_allowed_path
+from pipeline.storage.paths import Roots, confine_path, is_within, real_path, resolve_allowed_path
 
 
 @pytest.fixture
@@ -243,3 +243,22 @@ def test_the_root_set_answers_exactly_as_is_within(tmp_path: Path) -> None:
             inside = [r for r in chosen if is_within(candidate, r)]
             deepest = max(inside, key=len) if inside else None
             assert found.root_of(candidate) == deepest, (chosen, candidate)
+
+
+def test_real_paths_through_kept_folders_equal_realpath(tree: tuple[Path, Path], tmp_path: Path) -> None:
+    root, outside = tree
+    (root / "sub").mkdir()
+    (root / "sub" / "b.wav").write_bytes(b"x")
+    (root / "link.wav").symlink_to(outside / "secret.wav")  # a file that is a symlink
+    (root / "dirlink").symlink_to(outside)  # a folder that is one
+    (root / "loop").symlink_to(root / "loop")
+    names = ["a.wav", "link.wav", "sub/b.wav", "sub/../a.wav", "dirlink/secret.wav", "missing.wav",
+             "sub/missing/c.wav", "sub/.", "sub/..", "sub/", "loop", "dirlink/../a.wav", "./a.wav"]
+    folders: dict[str, str] = {}
+    for name in names * 2:  # the second time from the kept folders
+        path = os.path.join(str(root), name)
+        assert real_path(path, folders) == os.path.realpath(path), name
+    assert folders[str(root)] == os.path.realpath(root)
+    with pytest.raises(VoxmillError) as info:  # the jail holds through the kept folders too
+        confine_path(root / "link.wav", [root], folders=folders)
+    assert info.value.code == FORBIDDEN_PATH

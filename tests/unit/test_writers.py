@@ -136,6 +136,27 @@ def test_a_row_the_file_cannot_hold_is_that_utterances_output_error(tmp_path: Pa
     ]
 
 
+def test_a_models_own_float32_embedding_and_integer_statistics_are_checked_too(tmp_path: Path) -> None:
+    names = ["ok", "nan32", "inf32", "big_channels", "bool_channels"]
+    good = replace(_ok("embed", "ok"), embedding=np.array([0.5, -0.25], dtype=np.float32))
+    results = [
+        good,
+        replace(good, input="nan32", embedding=np.array([0.5, np.nan], dtype=np.float32)),
+        replace(good, input="inf32", embedding=np.array([-np.inf, 0.0], dtype=np.float32)),
+        replace(good, input="big_channels", stats={"source_channels": 2**40}),
+        replace(good, input="bool_channels", stats={"source_channels": True}),
+    ]
+    spec = ShardSpec(shard=0, op="embed", out_dir=str(tmp_path), utts=[_utt(name, "s") for name in names])
+    rows = read_shard(write_shard(RunFolder.of(tmp_path), spec, results)).to_pylist()
+    assert rows[0]["error_code"] is None and rows[0]["embedding"] == [0.5, -0.25]
+    assert [r["error_message"] for r in rows[1:]] == [
+        "its result cannot be stored: the embedding holds a non-finite value (NaN or infinity)",
+        "its result cannot be stored: the embedding holds a non-finite value (NaN or infinity)",
+        "its result cannot be stored: statistic source_channels is 1099511627776",
+        "its result cannot be stored: statistic source_channels is True",
+    ]
+
+
 def test_rows_that_still_make_no_table_are_stored_every_one_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

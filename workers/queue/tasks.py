@@ -337,7 +337,8 @@ def _utterance_results(
 ) -> list[TaskResult]:
     """Each utterance's result, in order; objects at URLs are read ahead of the model
     (`reads_in_flight` at once, `read_ahead_bytes` held), local files as they always were."""
-    sources = [_allowed(process, u) for u in utts]
+    folders: dict[str, str] = {}  # a shard's clips mostly share a few folders: each resolved once
+    sources = [_allowed(process, u, folders) for u in utts]
     urls = [s if isinstance(s, str) else None for s in sources]  # an allowed str is a URL
     settings = process.settings
     if settings.reads_in_flight <= 1 or not any(urls):
@@ -381,10 +382,10 @@ def _clip_results(
     ]
 
 
-def _allowed(process: WorkerProcess, utt: Utterance) -> Source | VoxmillError:
+def _allowed(process: WorkerProcess, utt: Utterance, folders: dict[str, str]) -> Source | VoxmillError:
     """What the utterance reads: its path confined to the roots or its URL to the URL prefixes."""
     try:
-        return resolve_allowed(utt.path, process.roots, process.settings.allowed_url_roots)
+        return resolve_allowed(utt.path, process.roots, process.settings.allowed_url_roots, folders=folders)
     except VoxmillError as exc:
         return exc
 
