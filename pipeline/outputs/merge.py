@@ -55,6 +55,7 @@ from pipeline.outputs.writers import (
     TOKEN_OPS,
     UTT_EMBEDDINGS_SCHEMA,
     UTT_STATS_SCHEMA,
+    dictionary_columns,
     failed_shard_table,
     read_shard,
     shard_models,
@@ -81,7 +82,8 @@ class _TableSink:
     ) -> None:
         self.schema = schema
         self.buffer_rows = buffer_rows
-        self._writer = pq.ParquetWriter(stack.enter_context(out.writer(name)), schema)
+        stream = stack.enter_context(out.writer(name))
+        self._writer = pq.ParquetWriter(stream, schema, use_dictionary=dictionary_columns(schema))
         self._pending: list[pa.Table] = []
         self._rows = 0
         self._closed = False

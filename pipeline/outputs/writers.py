@@ -112,7 +112,8 @@ Models = dict[str, dict[str, str]]
 
 def write_parquet(path: Path, table: pa.Table) -> None:
     """Write a table as one parquet file, atomically."""
-    atomic_write(path, lambda stream: pq.write_table(table, stream))
+    dictionary = dictionary_columns(table.schema)
+    atomic_write(path, lambda stream: pq.write_table(table, stream, use_dictionary=dictionary))
 
 
 def write_text(path: Path, text: str) -> None:
@@ -123,7 +124,22 @@ def write_text(path: Path, text: str) -> None:
 def write_table_at(out: OutputLocation, name: str, table: pa.Table) -> None:
     """Write a table as one parquet file `name` of an output location, complete or absent."""
     with out.writer(name) as stream:
-        pq.write_table(table, stream)
+        pq.write_table(table, stream, use_dictionary=dictionary_columns(table.schema))
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The columns worth a dictionary in a parquet file: all but floats and lists of floats, whose
+    values hardly repeat (an embedding's dictionary is built, then dropped: more work than
+    writing the column plain, BENCHMARKS.md)."""
+
+    columns = []
+    for field in schema:
+        kind, path = field.type, field.name
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):  # named by its leaf, as Parquet does
+            kind, path = kind.value_type, f"{path}.list.element"
+        if not pa.types.is_floating(kind):
+            columns.append(path)
+    return columns
 
 
 def write_text_at(out: OutputLocation, name: str, text: str) -> None:

@@ -496,3 +496,16 @@ def test_an_extract_shard_run_for_both_ops_merges_as_the_two_ops_would(tmp_path:
         assert pq.read_table(one / name).equals(pq.read_table(two / name)), name
     assert (one / "errors.jsonl").read_text() == (two / "errors.jsonl").read_text()
     assert together["models"] == apart["models"] and "models_mixed" not in together
+
+
+def test_a_shard_file_has_no_dictionary_for_embeddings_and_keeps_one_for_names(tmp_path: Path) -> None:
+    utts = [_utt(f"u{n}", "s") for n in range(20)]
+    spec = ShardSpec(shard=0, op="extract", out_dir=str(tmp_path), utts=utts)
+    path = write_shard(RunFolder.of(tmp_path), spec, [_ok("extract", u.utt) for u in utts])
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
+    assert not any("DICTIONARY" in e for e in encodings["embedding.list.element"])
+    assert any("DICTIONARY" in e for e in encodings["utt"])
+    assert any("DICTIONARY" in e for e in encodings["speech_token.list.element"])
+    first = read_shard(path).column("embedding").to_pylist()[0]
+    assert first == pytest.approx(_ok("extract", "u0").embedding)
