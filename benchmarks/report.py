@@ -667,20 +667,41 @@ def get_cpu_section(data: dict[str, Any]) -> Lines:
 def shard_sizing_section(data: dict[str, Any]) -> Lines:
     rows = [
         [name, str(run["shard_size"]), f"{run['shards']:,}", fmt(run["audio_s_per_s"], 0),
-         fmt(run["ratio_to_plain_loop"], 3)]
+         fmt(run["ratio_to_plain_loop"], 3) + _ratio_range(run.get("ratios_to_plain_loop", []))]
         for name, run in (("count (32)", data["before"]), ("from the files' headers", data["after"]))
     ]  # fmt: skip
     return [
         "## Shards sized without listed durations",
         "",
-        f"`python -m benchmarks.shard_sizing --utterances {data['utterances']}`: a Kaldi dir without "
+        f"`python -m benchmarks.shard_sizing --utterances {data['utterances']}"
+        f"{_repeats(data['after'])}`: a Kaldi dir without "
         f"`utt2dur` of {data['utterances']:,} short clips ({fmt(data['audio_s'] / data['utterances'], 2)} s "
         f"on average), `voxmill extract --ops {','.join(data['ops'])}`, {data['workers']} workers, tiny "
         f"stand-ins, against the {data['workers']}-process plain loop "
-        f"({fmt(data['plain_loop']['audio_s_per_s'], 0)} audio s/s).",
+        f"({fmt(data['plain_loop']['audio_s_per_s'], 0)} audio s/s{_plain_walls(data['plain_loop'])}).",
         "",
         *table(["shard size", "utterances per shard", "shards", "audio s/s", "ratio to plain loop"], rows),
     ]
+
+
+def _plain_walls(plain: dict[str, Any]) -> str:
+    """The plain loop's runs around the sized ones, where there were several."""
+    walls = plain["wall_s"]
+    if not isinstance(walls, list):
+        return ""
+    runs = ", ".join(f"{fmt(w, 1)} s" for w in walls)
+    return f"; runs of {runs}, one on each side of every sized run, which is measured against their mean"
+
+
+def _repeats(run: dict[str, Any]) -> str:
+    runs = len(run.get("ratios_to_plain_loop", []))
+    return f" --repeats {runs}" if runs > 1 else ""
+
+
+def _ratio_range(ratios: list[float]) -> str:
+    if len(ratios) < 2:
+        return ""
+    return f" ({fmt(min(ratios), 3)}–{fmt(max(ratios), 3)} over {len(ratios)} runs)"
 
 
 BATCHING_COLUMNS = ["corpus", "clips", "audio s", "off", "on", "on / off", "target", "same tokens", "batches"]

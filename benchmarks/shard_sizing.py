@@ -2,22 +2,26 @@
 
     python -m benchmarks.shard_sizing                        # 20,000 utterances
     python -m benchmarks.shard_sizing --utterances 200000    # the issue's size
+    python -m benchmarks.shard_sizing --utterances 200000 --repeats 2
     python -m benchmarks.shard_sizing --quick                # 4,000, under benchmarks/work/quick/
 
 A Kaldi dir of N utterances (wav.scp and utt2spk, no utt2dur, as CosyVoice's data preparation
 writes it) over `benchmarks.corpus_scale`'s few dozen short clips (0.5-2 s, 1.25 s on average),
 the tiny stand-ins, embed, 2 local workers (`benchmarks.extract_run.run_extract`: `voxmill extract`
 timed from outside). Measured back to back: the plain loop in 2 processes over the same clips
-(`benchmarks.corpus_scale.run_plain_loop`), `voxmill extract --shard-size 32` (what a listing
-without durations got before: 32 utterances a shard) and `voxmill extract` with the shard size
-chosen by the planner (the headers of a sample of the first utterances). Throughput is audio
-seconds per wall second; the ratios are to the plain loop (target >= 0.75). Writes
+(`benchmarks.corpus_scale.run_plain_loop`), `voxmill extract` with the shard size chosen by the
+planner (the headers of a sample of the first utterances; `--repeats` runs, each between two
+plain loops and measured against their mean, the median reported) and `voxmill extract
+--shard-size 32` (what a listing without durations got before: 32 utterances a shard; against the
+plain loop just before it). Throughput is audio seconds per wall second; the ratios are to the
+plain loop (target >= 0.75). Writes
 `benchmarks/results/shard-sizing.json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -56,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--utterances", type=int, default=20_000)
     parser.add_argument("--quick", action="store_true", help="4,000 utterances, results under work/quick")
+    parser.add_argument("--repeats", type=int, default=1, help="sized runs, each between two plain loops")
     args = parser.parse_args()
     n = 4_000 if args.quick else args.utterances
     models = make_models("tiny")
@@ -64,26 +69,40 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     chosen = planned_shard_size(data)
     load_before = load_average()
-    log(f"{n} utterances: plain loop, 2 processes")
-    plain = run_plain_loop(manifest, models, ",".join(OPS), work)
+
+    def plain_loop() -> float:
+        log(f"{n} utterances: plain loop, 2 processes")
+        return float(run_plain_loop(manifest, models, ",".join(OPS), work)["wall_s"])
+
+    # Each sized run sits between two plain loops and is measured against their mean: this VM's
+    # speed drifts by 10-30 % over minutes.
+    plains = [plain_loop()]
+    sized = []
+    for repeat in range(args.repeats):
+        log(f"{n} utterances: voxmill extract, shard size from the headers ({chosen}), run {repeat + 1}")
+        sized.append(voxmill_run(data, models, None))
+        plains.append(plain_loop())
     log(f"{n} utterances: voxmill extract --shard-size {BEFORE_SHARD_SIZE} (before)")
     before = voxmill_run(data, models, BEFORE_SHARD_SIZE)
-    log(f"{n} utterances: voxmill extract, shard size from the headers ({chosen})")
-    after = voxmill_run(data, models, None)
-    audio_s = after["audio_s"]
-    plain_rate = audio_s / plain["wall_s"]
-    for run, size in ((before, BEFORE_SHARD_SIZE), (after, chosen)):
+    audio_s = sized[0]["audio_s"]
+    ratios = [round((plains[i] + plains[i + 1]) / 2 / run["wall_s"], 3) for i, run in enumerate(sized)]
+    after = sized[ratios.index(statistics.median_low(ratios))]  # the median run, whole
+    after["ratios_to_plain_loop"] = ratios
+    for run, size, plain_s in ((before, BEFORE_SHARD_SIZE, plains[-1]), (after, chosen, None)):
         run["shard_size"] = size
         run["shards"] = -(-n // size)
         run["audio_s_per_s"] = round(audio_s / run["wall_s"], 2)
-        run["ratio_to_plain_loop"] = round(audio_s / run["wall_s"] / plain_rate, 3)
+        if plain_s is not None:  # the plain loop run just before it
+            run["ratio_to_plain_loop"] = round(plain_s / run["wall_s"], 3)
+    after["ratio_to_plain_loop"] = statistics.median_low(ratios)
+    plain_rate = audio_s / statistics.mean(plains)
     data_out = {
         "ops": OPS,
         "workers": 2,
         "utterances": n,
         "audio_s": audio_s,
         "durations_listed": False,
-        "plain_loop": {"wall_s": plain["wall_s"], "audio_s_per_s": round(plain_rate, 2)},
+        "plain_loop": {"wall_s": plains, "audio_s_per_s": round(plain_rate, 2)},
         "before": before,
         "after": after,
         "load_average": {"before": load_before, "after": load_average()},
