@@ -528,7 +528,7 @@ def _fold_shard(
             outputs.add(op, ok)
     tally.utterances += len(utts)
     tally.filtered += sum(any(f["code"] == FILTERED for f in found) for found in failures)
-    audio = [_first_seconds(index, read) for index in range(len(utts))]
+    audio = _first_seconds([table for _, _, table in read])
     tally.audio_seconds += sum(s for s in audio if s is not None)
     for found in failures:  # by utterance, then op: what a sort of the errors by corpus order gives
         for failure in found:
@@ -539,13 +539,11 @@ def _failure(utt: str, op: str, code: str, message: str) -> dict[str, str]:
     return {"utt": utt, "op": op, "code": code, "message": message}
 
 
-def _first_seconds(index: int, read: list[tuple[ShardSpec, Any, pa.Table]]) -> float | None:
-    """The utterance's audio seconds: the first op's file that has them (a failed op has none)."""
-    for _, _, table in read:
-        value = table.column("audio_seconds")[index].as_py()
-        if value is not None:
-            return float(value)
-    return None
+def _first_seconds(tables: list[pa.Table]) -> list[float | None]:
+    """Each utterance's audio seconds: from the first op's file that has them (a failed op has
+    none)."""
+    columns = [table.column("audio_seconds").to_pylist() for table in tables]
+    return [next((float(v) for v in values if v is not None), None) for values in zip(*columns, strict=True)]
 
 
 def _shard_stats(tables: list[pa.Table]) -> pa.Table:
