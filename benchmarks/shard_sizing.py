@@ -75,7 +75,7 @@ def main() -> None:
         return float(run_plain_loop(manifest, models, ",".join(OPS), work)["wall_s"])
 
     # Each sized run sits between two plain loops and is measured against their mean: this VM's
-    # speed drifts by 10-30 % over minutes.
+    # speed drifts over minutes (CHANGELOG 34).
     plains = [plain_loop()]
     sized = []
     for repeat in range(args.repeats):
