@@ -67,7 +67,7 @@ class Utterance:
             "text": self.text,
             "duration_s": self.duration_s,
         }
-        if self.is_segment:  # a whole file: the shard message stays as small as before
+        if self.is_segment:  # only a segment names its range: a whole file's message stays small
             data.update(start_s=self.start_s, end_s=self.end_s, channel=self.channel)
         return data
 

@@ -131,7 +131,6 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     """The columns worth a dictionary in a parquet file: all but floats and lists of floats, whose
     values hardly repeat (an embedding's dictionary is built, then dropped: more work than
     writing the column plain, BENCHMARKS.md)."""
-
     columns = []
     for field in schema:
         kind, path = field.type, field.name
