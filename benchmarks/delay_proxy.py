@@ -4,10 +4,12 @@ connections: the latency knob of the benchmarks and tests.
 `DelayProxy(upstream_port, delay_ms)` listens on 127.0.0.1 (a port of its own) and forwards each
 connection to 127.0.0.1:`upstream_port`. The first byte of every response is held until
 `delay_ms` after the request that asked for it (a store's time to first byte; a server slower than
-that adds nothing more). `drop(n)`: the next `n` connections are closed, unanswered, as soon as
-their first request arrives (a connection reset, for retries). `delay_ms` may be changed while it
+that adds nothing more). Like a store, it keeps the client's connection open for the next request
+(each request goes upstream on a connection of its own: moto's server closes every one) when the
+answer's length is known. `drop(n)`: the connections of the next `n` requests are reset,
+unanswered, as soon as the request arrives (for retries). `delay_ms` may be changed while it
 runs. One asyncio loop in a thread of its own; HTTP/1.1 clients send one request at a time per
-connection, which is all it assumes.
+connection (no pipelining), which is all it assumes.
 """
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ class DelayProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
-    def drop(self, connections: int) -> None:
-        """Close the next `connections` connections, unanswered, once their request arrives."""
-        self._loop.call_soon_threadsafe(self._add_drops, connections)
+    def drop(self, requests: int) -> None:
+        """Reset the connections of the next `requests` requests, unanswered, once they arrive."""
+        self._loop.call_soon_threadsafe(self._add_drops, requests)
 
-    def _add_drops(self, connections: int) -> None:
-        self._to_drop += connections
+    def _add_drops(self, requests: int) -> None:
+        self._to_drop += requests
 
     def stop(self) -> None:
         async def shut() -> None:
@@ -75,54 +77,150 @@ class DelayProxy:
         self.stop()
 
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        self._writers.add(client_writer)
         try:
-            upstream_reader, upstream_writer = await asyncio.open_connection(LOOPBACK, self.upstream_port)
-        except OSError:
-            client_writer.close()
-            return
-        self._writers.update((client_writer, upstream_writer))
-        asked: list[float] = []  # when the request now waiting for its answer was sent
-        try:
-            await asyncio.gather(
-                self._requests(client_reader, upstream_writer, client_writer, asked),
-                self._responses(upstream_reader, client_writer, asked),
-            )
-        except (OSError, asyncio.IncompleteReadError):
+            while request := await _next_request(client_reader):
+                if not await self._exchange(request, client_reader, client_writer):
+                    break
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             pass
         finally:
-            for writer in (client_writer, upstream_writer):
-                self._writers.discard(writer)
-                writer.close()
+            self._writers.discard(client_writer)
+            client_writer.close()
 
-    async def _requests(
-        self,
-        reader: asyncio.StreamReader,
-        upstream: asyncio.StreamWriter,
-        client: asyncio.StreamWriter,
-        asked: list[float],
-    ) -> None:
-        while data := await reader.read(CHUNK):
-            if not asked:  # the first bytes of a request
-                if self._to_drop > 0:
-                    self._to_drop -= 1
-                    self.dropped += 1
-                    upstream.close()
-                    client.transport.abort()  # a reset, not an orderly close
-                    return
-                self.requests += 1
-                asked.append(self._loop.time())
-            upstream.write(data)
-            await upstream.drain()
-        upstream.close()
+    async def _exchange(
+        self, request: bytes, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter
+    ) -> bool:
+        """Forward a request (its head has arrived), on a new connection upstream, and its answer;
+        whether the client's connection serves another request."""
+        asked = self._loop.time()
+        if self._to_drop > 0:
+            self._to_drop -= 1
+            self.dropped += 1
+            client.transport.abort()  # a reset, not an orderly close
+            return False
+        self.requests += 1
+        upstream_reader, upstream = await asyncio.open_connection(LOOPBACK, self.upstream_port)
+        self._writers.add(upstream)
+        try:
+            upstream.write(request)
+            fields = _fields(request)
+            if _chunked(fields):  # a body of unknown length: both ways to the end, as a tunnel
+                answer = self._tunnel(upstream_reader, client, asked)
+                await asyncio.gather(_copy(client_reader, upstream, None), answer)
+                return False
+            length = int(fields.get(b"content-length", 0))
+            body = asyncio.ensure_future(_copy(client_reader, upstream, length))
+            serves_on = await self._answer(upstream_reader, client, asked, request.startswith(b"HEAD "))
+            if not body.done():  # answered before the body was sent: the client's stream is mid-request
+                body.cancel()
+                return False
+            await body
+            return serves_on and fields.get(b"connection", b"").lower() != b"close"
+        finally:
+            self._writers.discard(upstream)
+            upstream.close()
 
-    async def _responses(
-        self, reader: asyncio.StreamReader, client: asyncio.StreamWriter, asked: list[float]
-    ) -> None:
-        while data := await reader.read(CHUNK):
-            if asked:  # the first bytes of an answer: not before delay_ms after its request
-                wait = asked.pop() + self.delay_ms / 1000.0 - self._loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-            client.write(data)
-            await client.drain()
-        client.close()
+    async def _answer(
+        self, reader: asyncio.StreamReader, client: asyncio.StreamWriter, asked: float, head_request: bool
+    ) -> bool:
+        """Forward the answer, its first byte not before `delay_ms` after `asked`; whether the client's
+        connection serves on (an answer of known length, which ends without the upstream's close)."""
+        first = True
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if first:
+                await self._hold(asked)
+                first = False
+            status = int(head.split(None, 2)[1])
+            if status >= 200:
+                break
+            client.write(head)  # an interim answer (100 Continue): the final one follows
+        fields = _fields(head)
+        length = fields.get(b"content-length")
+        if head_request or status in (204, 304):
+            length = b"0"
+        if not head.startswith(b"HTTP/1.1 ") or length is None or _chunked(fields):
+            client.write(head)  # read to the upstream's close, as the old proxy did every answer
+            await _copy(reader, client, None)
+            return False
+        client.write(_without_close(head))
+        await _copy(reader, client, int(length))
+        return True
+
+    async def _hold(self, asked: float) -> None:
+        wait = asked + self.delay_ms / 1000.0 - self._loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    async def _tunnel(self, reader: asyncio.StreamReader, client: asyncio.StreamWriter, asked: float) -> None:
+        first = await reader.read(CHUNK)
+        await self._hold(asked)
+        client.write(first)
+        await _copy(reader, client, None)
+        client.close()  # the client's side of the tunnel ends with it
+
+
+async def _next_request(reader: asyncio.StreamReader) -> bytes:
+    """The head of the connection's next request; empty when the client has closed it."""
+    try:
+        return await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as closed:
+        if closed.partial:
+            raise
+        return b""
+
+
+def _fields(head: bytes) -> dict[bytes, bytes]:
+    """A message head's header fields, lower-cased."""
+    fields: dict[bytes, bytes] = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name:
+            fields[name.strip().lower()] = value.strip().lower()
+    return fields
+
+
+def _chunked(fields: dict[bytes, bytes]) -> bool:
+    return b"chunked" in fields.get(b"transfer-encoding", b"")
+
+
+def _without_close(head: bytes) -> bytes:
+    """An answer's head without `Connection: close` (moto's server closes every connection; a
+    store keeps it for the next request)."""
+    lines = head.split(b"\r\n")
+    return b"\r\n".join(line for line in lines if line.lower().replace(b" ", b"") != b"connection:close")
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int | None) -> None:
+    """`length` bytes from `reader` to `writer` (None: to the end of the stream)."""
+    left = length
+    while left is None or left > 0:
+        data = await reader.read(CHUNK if left is None else min(CHUNK, left))
+        if not data:
+            if left is None:
+                return
+            raise asyncio.IncompleteReadError(b"", left)
+        writer.write(data)
+        await writer.drain()
+        if left is not None:
+            left -= len(data)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m benchmarks.delay_proxy UPSTREAM_PORT [--delay-ms N]`: prints its port, serves
+    until it is killed (a proxy in a process of its own, whose CPU a benchmark does not count)."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("upstream_port", type=int)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    with DelayProxy(args.upstream_port, args.delay_ms) as proxy:
+        print(proxy.port, flush=True)
+        signal.pause()
+
+
+if __name__ == "__main__":
+    main()

@@ -3,12 +3,15 @@
     python -m benchmarks.get_cpu                     # 300 objects of 40 KB, 3 repeats
     python -m benchmarks.get_cpu --objects 200 --kb 200
 
-moto's S3 server runs in a process of its own (its CPU is not counted), on loopback. This process
-reads every object in turn and counts its own CPU (user + system, all threads) per GET, for:
-`voxmill` (`pipeline.storage.objects.read_url`: signed by the reading thread,
-`pipeline.storage.s3_get`), `s3fs` (the SDK path voxmill falls back to: s3fs's `get_object` on
-fsspec's loop) and `botocore` (botocore's own synchronous client). Rounds alternate the order.
-Writes benchmarks/results/get-cpu.json.
+moto's S3 server runs in a process of its own (its CPU is not counted), on loopback, behind
+`benchmarks.delay_proxy` (+0 ms; in a process of its own too), which keeps connections open for
+the next request as a store does (moto's server closes each one). This process reads every
+object and counts its own CPU (user + system, all threads) per GET, for: `voxmill`
+(`pipeline.storage.objects.read_url`, one after another: `pipeline.storage.s3_get`'s signed
+GETs), `voxmill, read ahead` (as a shard task reads: shards of 32 objects, each read ahead by
+`pipeline.audio.sources.prefetch_clips`, 8 in flight), `s3fs` (the SDK path voxmill falls back
+to: s3fs's `get_object` on fsspec's loop) and `botocore` (botocore's own synchronous client).
+Rounds alternate the order. Writes benchmarks/results/get-cpu.json.
 """
 
 from __future__ import annotations
@@ -26,14 +29,35 @@ from typing import Any
 from benchmarks.common import RESULTS_DIR, load_average, log, write_result
 
 BUCKET = "get-cpu"
+SHARD = 32  # objects per shard task, as a corpus of short clips without durations is cut at first
 
 
-def _cpu_per_get_ms(read: Callable[[str], Any], keys: list[str]) -> float:
-    read(keys[0])  # a connection and a client made before counting
+def _cpu_per_get_ms(read: Callable[[list[str]], None], keys: list[str]) -> float:
+    read(keys[:SHARD])  # connections, threads and a client made before counting
     started = time.process_time()
-    for key in keys:
-        read(key)
+    read(keys)
     return (time.process_time() - started) / len(keys) * 1000
+
+
+def _one_by_one(read: Callable[[str], Any]) -> Callable[[list[str]], None]:
+    def read_all(keys: list[str]) -> None:
+        for key in keys:
+            read(key)
+
+    return read_all
+
+
+def _read_ahead(keys: list[str]) -> None:
+    """As a shard task reads its clips: shards of SHARD objects, each read ahead of its consumer."""
+    from pipeline.audio.sources import prefetch_clips
+    from pipeline.settings import AudioLimits
+    from pipeline.storage.prefetch import ReadAhead
+
+    for first in range(0, len(keys), SHARD):
+        urls: list[str | None] = [f"s3://{BUCKET}/{key}" for key in keys[first : first + SHARD]]
+        for fetched in prefetch_clips(urls, AudioLimits(), ReadAhead()):
+            assert fetched is not None
+            fetched.open()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         AWS_SECRET_ACCESS_KEY="bench",
         AWS_DEFAULT_REGION="us-east-1",
     )
+    proxy: subprocess.Popen[str] | None = None
     try:
         import botocore.session
 
@@ -77,10 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         keys = [f"o{n:05d}" for n in range(args.objects)]
         for key in keys:
             client.put_object(Bucket=BUCKET, Key=key, Body=os.urandom(args.kb * 1024))
-        readers: dict[str, Callable[[str], Any]] = {
-            "voxmill": lambda key: objects.read_url(f"s3://{BUCKET}/{key}"),
-            "s3fs": lambda key: objects._s3_sdk_get(urls.parse_url(f"s3://{BUCKET}/{key}"), None, None),
-            "botocore": lambda key: client.get_object(Bucket=BUCKET, Key=key)["Body"].read(),
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.delay_proxy", str(port)], stdout=subprocess.PIPE, text=True
+        )
+        assert proxy.stdout is not None
+        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.stdout.readline().strip()}"
+        client = botocore.session.get_session().create_client("s3")
+        readers: dict[str, Callable[[list[str]], None]] = {
+            "voxmill": _one_by_one(lambda key: objects.read_url(f"s3://{BUCKET}/{key}")),
+            "voxmill, read ahead": _read_ahead,
+            "s3fs": _one_by_one(
+                lambda key: objects._s3_sdk_get(urls.parse_url(f"s3://{BUCKET}/{key}"), None, None)
+            ),
+            "botocore": _one_by_one(lambda key: client.get_object(Bucket=BUCKET, Key=key)["Body"].read()),
         }
         runs: dict[str, list[float]] = {name: [] for name in readers}
         for repeat in range(args.repeats):
@@ -91,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         direct = objects._direct_s3()
         assert direct is not None and direct.usable(BUCKET), "voxmill's reads went to the SDK"
     finally:
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(timeout=10)
         server.terminate()
         server.wait(timeout=10)
     medians = {name: statistics.median(values) for name, values in runs.items()}

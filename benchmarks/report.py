@@ -607,7 +607,8 @@ def latency_section(data: dict[str, Any]) -> Lines:
         "once) against one read at a time. Audio s/s (ratio to the same clips on local disk):",
         "",
         *table(["reads", *delays], rows),
-        f"Reads in flight against one at a time: {gains}. Worker CPU per clip over local files (ms):",
+        f"Reads in flight against one at a time: {gains}. Worker CPU per clip over local files (ms; "
+        "the CPU idle workers spend over a run's wall time, measured before the rounds, left out):",
         "",
         *table(["reads", *delays[1:]], cpu),
     ]
@@ -654,11 +655,12 @@ def get_cpu_section(data: dict[str, Any]) -> Lines:
         "## CPU per S3 GET",
         "",
         f"`python -m benchmarks.get_cpu --objects {data['objects']} --kb {data['object_kb']}`: "
-        f"{data['objects']} objects of {data['object_kb']} KB read one after another from a loopback "
-        "S3 server (moto, in a process of its own); the reader's CPU per GET, "
-        f"{data['repeats']} repeats in alternating order. `voxmill`: the signed GETs of "
-        "`pipeline.storage.s3_get`; `s3fs`: the SDK path voxmill falls back to; `botocore`: the "
-        "SDK's own synchronous client.",
+        f"{data['objects']} objects of {data['object_kb']} KB read from a loopback S3 server (moto, "
+        "in a process of its own) behind a proxy that keeps connections open as a store does; the "
+        f"reader's CPU per GET, {data['repeats']} repeats in alternating order. `voxmill`: the "
+        "signed GETs of `pipeline.storage.s3_get`, one after another; `voxmill, read ahead`: the "
+        "same as a shard task reads, shards of 32 read ahead 8 at once; `s3fs`: the SDK path "
+        "voxmill falls back to; `botocore`: the SDK's own synchronous client.",
         "",
         *table(["reader", "CPU ms per GET"], rows),
     ]

@@ -15,6 +15,7 @@ bytes held (every fetched object the consumer has not moved past, the one it is 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -112,8 +113,12 @@ def prefetch(
         finally:
             budget.finished(index)
 
-    threads = max(1, min(read_ahead.in_flight, len(wanted)))
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="voxmill-read")
+    if not wanted:
+        for _, count in grouped:
+            yield from [None] * count
+        return
+    threads = min(read_ahead.in_flight, len(wanted))
+    pool = _take_readers(threads)
     futures: dict[int, Future[T]] = {
         index: pool.submit(fetch_run, index, url) for index, (url, _) in enumerate(grouped) if url is not None
     }
@@ -126,4 +131,32 @@ def prefetch(
             budget.release(index)
     finally:
         budget.close()
-        pool.shutdown(wait=False, cancel_futures=True)
+        for future in futures.values():
+            future.cancel()
+        _give_back_readers(threads, pool, idle=all(future.done() for future in futures.values()))
+
+
+# Reader threads outlive a read-ahead: a shard's would otherwise start `in_flight` threads, each
+# a few hundred microseconds of a busy worker's time. A read-ahead has its pool to itself.
+_IDLE_READERS: dict[tuple[int, int], list[ThreadPoolExecutor]] = {}  # (pid, threads) -> pools
+_IDLE_READERS_LOCK = threading.Lock()
+MAX_IDLE_POOLS = 4
+
+
+def _take_readers(threads: int) -> ThreadPoolExecutor:
+    with _IDLE_READERS_LOCK:
+        idle = _IDLE_READERS.get((os.getpid(), threads))
+        if idle:
+            return idle.pop()
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="voxmill-read")
+
+
+def _give_back_readers(threads: int, pool: ThreadPoolExecutor, idle: bool) -> None:
+    """Keep `pool` for the next read-ahead when none of its threads is still reading (`idle`)."""
+    if idle:
+        with _IDLE_READERS_LOCK:
+            kept = _IDLE_READERS.setdefault((os.getpid(), threads), [])
+            if len(kept) < MAX_IDLE_POOLS:
+                kept.append(pool)
+                return
+    pool.shutdown(wait=False, cancel_futures=True)

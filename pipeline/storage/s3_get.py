@@ -1,10 +1,11 @@
-"""S3 GETs without the SDK on the way: SigV4-signed requests on a keep-alive connection per thread.
+"""S3 GETs without the SDK on the way: SigV4-signed requests on keep-alive connections.
 
 A clip read from a bucket is one GET. Through s3fs, botocore builds, signs and parses each one
 and aiohttp and the hand-off to fsspec's loop thread add more: about 2 ms of a worker's CPU per
 clip, as much as the tiny models' compute. `DirectS3` signs the request itself (the signing key
-is derived once a day), writes it on a keep-alive socket of the reading thread and reads the
-answer's status line and headers by hand (`Link`): a few tenths of a millisecond.
+is derived once a day), writes it on an idle keep-alive connection (kept by the reader, not by a
+thread: the read-ahead threads of one shard end with it) and reads the answer's status line and
+headers by hand (`Link`): a few tenths of a millisecond.
 
 It is used only where it asks the store exactly what the SDK would: credentials, region and
 endpoint come from botocore's own resolution (`AWS_ENDPOINT_URL`, `~/.aws/config`, an instance
@@ -38,6 +39,7 @@ READ_BUFFER_BYTES = 64 * 1024
 MAX_LINE_BYTES = 65536
 MAX_HEADERS = 100
 ERROR_BODY_BYTES = 64 * 1024
+MAX_IDLE_LINKS = 32  # more than a process's readers (a shard's and a merge's) ever hold at once
 
 
 class Missing(Exception):
@@ -146,12 +148,13 @@ def _request(path: str, headers: dict[str, str]) -> bytes:
 
 
 class DirectS3:
-    """Signed GETs of whole objects on a keep-alive connection per thread (module docstring)."""
+    """Signed GETs of whole objects on keep-alive connections (module docstring)."""
 
     def __init__(self, endpoint: Endpoint, credentials: Any) -> None:
         self.endpoint = endpoint
         self._credentials = credentials  # botocore's: frozen per request, refreshed by botocore
-        self._local = threading.local()
+        self._idle: list[Link] = []  # connections that answered whole: reused by any thread
+        self._lock = threading.Lock()
         self._keys: dict[tuple[str, str], bytes] = {}  # (day, secret) -> signing key
         self._refused: set[str] = set()  # buckets read through the SDK
         self._context = (
@@ -192,9 +195,11 @@ class DirectS3:
         raised (`OSError`, `http.client.HTTPException`) for the caller to retry."""
         path = "/" + urllib.parse.quote(f"{bucket}/{key}", safe="/~")
         link, answer = self._ask(path)
+        served = False  # the answer was read whole: the connection may serve another request
         try:
             if answer.status != 200:
                 body = link.read_body(answer, ERROR_BODY_BYTES)
+                served = True
                 if answer.status == 404 and b"<Code>NoSuchKey</Code>" in body:
                     raise Missing(key)
                 if answer.status in (500, 502, 503, 504):
@@ -204,56 +209,53 @@ class DirectS3:
             size = answer.length
             if size is None:  # a body of unknown length (chunked): the SDK's to read
                 self._refused.add(bucket)
-                self._drop_link()
                 return None
             if size == 0 or (max_bytes is not None and size > max_bytes):
-                if size:
-                    self._drop_link()  # its body unread: the connection cannot serve another request
+                served = size == 0  # an unread body: the connection cannot serve another request
                 return size, None
             if reserve is not None:
                 reserve(size)
-            return size, link.read_body(answer, size)
-        except (Missing, StoreBusy):
-            raise  # an answer read whole: the connection serves on
-        except BaseException:
-            self._drop_link()
-            raise
+            body = link.read_body(answer, size)
+            served = True
+            return size, body
         finally:
-            if not answer.keep_alive:
-                self._drop_link()
+            if served and answer.keep_alive:
+                self._give_back(link)
+            else:
+                link.close()
 
     def _ask(self, path: str) -> tuple[Link, Answer]:
-        """Send the GET; its answer's status and headers. A kept-alive connection the server has
-        closed since is replaced at once, as any HTTP client does."""
+        """Send the GET; its answer's status and headers. An idle connection the server has
+        closed since is replaced by a new one at once, as any HTTP client does."""
         request = _request(path, self._signed_headers(path))
         for fresh in (False, True):
-            link, reused = self._link()
+            link, reused = self._take(fresh)
             try:
                 link.send(request)
                 return link, link.answer()
             except (ConnectionError, http.client.BadStatusLine):
-                self._drop_link()
+                link.close()
                 if fresh or not reused:
                     raise
             except BaseException:
-                self._drop_link()
+                link.close()
                 raise
         raise AssertionError("unreachable")
 
-    def _link(self) -> tuple[Link, bool]:
-        """This thread's connection, and whether it served a request before."""
-        link: Link | None = getattr(self._local, "link", None)
-        if link is not None:
-            return link, True
-        link = Link.open(self.endpoint, self._context)
-        self._local.link = link
-        return link, False
+    def _take(self, fresh: bool) -> tuple[Link, bool]:
+        """An idle connection (unless `fresh`) or a new one, and whether it served a request before."""
+        if not fresh:
+            with self._lock:
+                if self._idle:
+                    return self._idle.pop(), True
+        return Link.open(self.endpoint, self._context), False
 
-    def _drop_link(self) -> None:
-        link: Link | None = getattr(self._local, "link", None)
-        self._local.link = None
-        if link is not None:
-            link.close()
+    def _give_back(self, link: Link) -> None:
+        with self._lock:
+            if len(self._idle) < MAX_IDLE_LINKS:
+                self._idle.append(link)
+                return
+        link.close()
 
     def _signed_headers(self, path: str, now: datetime.datetime | None = None) -> dict[str, str]:
         """SigV4 headers of a GET of `path` (no query, no body), signed at `now` (UTC)."""

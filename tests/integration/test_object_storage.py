@@ -411,19 +411,18 @@ def test_a_shard_read_ahead_equals_a_serial_read_with_errors_in_place(
 
 
 class _CountingProxy(DelayProxy):
-    """A delaying proxy that counts the connections open at once. An HTTP/1.1 client sends one
-    request at a time per connection and opens another only when all are busy, so the most open
-    at once is the most requests it had in flight (all on the proxy's one loop: no lock)."""
+    """A delaying proxy that counts the requests in flight at once (all on the proxy's one loop:
+    no lock). A request is in flight from its arrival to the end of its answer."""
 
     def __init__(self, upstream_port: int, delay_ms: float) -> None:
         super().__init__(upstream_port, delay_ms)
         self.open = self.most_open = 0
 
-    async def _serve(self, client_reader: Any, client_writer: Any) -> None:
+    async def _exchange(self, request: bytes, client_reader: Any, client: Any) -> bool:
         self.open += 1
         self.most_open = max(self.most_open, self.open)
         try:
-            await super()._serve(client_reader, client_writer)
+            return await super()._exchange(request, client_reader, client)
         finally:
             self.open -= 1
 
@@ -455,8 +454,7 @@ def test_the_merge_reads_shard_objects_ahead_as_a_serial_merge_does(
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
     assert merged[7, 4] == merged[7, 1] and merged[65536, 4] == merged[65536, 1]  # byte for byte
     assert most_open[7, 1] == most_open[65536, 1] == 1  # one read after another
-    # Reads in flight, in windows of one shard (two files) and of the whole run. Not bounded here: a
-    # connection the client dropped may still count until the proxy sees it close (the bounds are
+    # Reads in flight, in windows of one shard (two files) and of the whole run (their bounds are
     # tests/unit/test_prefetch.py's on requests and test_merge_reads.py's on windows).
     assert most_open[7, 4] >= 2 and most_open[65536, 4] >= 2
     merge_outputs(local, specs, RunReport(), read_ahead=ReadAhead(in_flight=4))

@@ -1,8 +1,8 @@
 """Reads in flight (`pipeline.storage.prefetch`, `pipeline.audio.sources.prefetch_clips`) against a
 real HTTP server on loopback: results in order and identical to a serial read, errors in place, a
 slow object not reordering anything, requests really concurrent and bounded, one fetch per run of
-a URL, the byte budget, closing early. (A retry after a dropped connection:
-tests/integration/test_reads_in_flight.py, on S3.)
+a URL, the byte budget, closing early, reader threads kept from one read-ahead to the next. (A
+retry after a dropped connection: tests/integration/test_object_storage.py, on S3.)
 """
 
 from __future__ import annotations
@@ -217,3 +217,23 @@ def test_closing_early_stops_reading(serve: Any) -> None:
     fetched.close()
     time.sleep(0.3)  # what was in flight ends
     assert sum(store.gets.values()) < len(clips)
+
+
+def test_reader_threads_outlive_a_read_ahead_and_serve_the_next_alone(serve: Any) -> None:
+    clips = {f"/c{i}.wav": _clip(i) for i in range(6)}
+    store = serve(clips, delay_s=0.01)
+    urls = [store.url(n) for n in clips]
+    readers: list[set[int]] = []
+
+    def fetch(url: str, reserve: Reserve) -> bytes:
+        readers[-1].add(threading.get_ident())
+        return fetch_url(url, LIMITS, reserve).read()
+
+    for _ in range(3):  # one shard after another
+        readers.append(set())
+        assert list(prefetch(urls, fetch, ReadAhead(in_flight=3))) == list(clips.values())
+    assert readers[0] == readers[1] == readers[2] and len(readers[0]) <= 3
+    early = prefetch(urls, fetch, ReadAhead(in_flight=3))
+    assert next(early) == clips["/c0.wav"]
+    early.close()  # with reads in flight: its threads are kept only once idle
+    assert list(prefetch(urls[::-1], fetch, ReadAhead(in_flight=3))) == list(clips.values())[::-1]

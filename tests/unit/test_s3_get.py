@@ -4,8 +4,13 @@ real objects through it is tested against a real S3 API in tests/integration/tes
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import socket
+import threading
 import urllib.parse
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from botocore import auth
@@ -96,3 +101,76 @@ def test_it_is_used_only_where_botocore_would_ask_the_same_way(monkeypatch: pyte
 )
 def test_only_plain_bucket_names_are_read_path_style(bucket: str, plain: bool) -> None:
     assert plain_bucket(bucket) is plain
+
+
+class _KeepAliveServer:
+    """A loopback HTTP/1.1 server answering every GET with its path, on connections it keeps open
+    (until `close_idle()`); it counts the connections it accepted."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted = 0
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.open.append(conn)
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as requests:
+            while line := requests.readline():
+                while requests.readline() not in (b"\r\n", b""):
+                    pass
+                body = line.split()[1]
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def close_idle(self) -> None:
+        for conn in self.open:
+            with contextlib.suppress(OSError):  # closed already
+                conn.shutdown(socket.SHUT_RDWR)
+        self.open.clear()
+
+
+@pytest.fixture
+def keep_alive_server() -> Iterator[_KeepAliveServer]:
+    server = _KeepAliveServer()
+    yield server
+    server.close_idle()
+    server.listener.close()
+
+
+def test_connections_outlive_the_threads_that_used_them(keep_alive_server: _KeepAliveServer) -> None:
+    credentials = Credentials("AKIDEXAMPLE", "secret")
+    direct = DirectS3(Endpoint("http", "127.0.0.1", keep_alive_server.port, "us-east-1"), credentials)
+
+    def get(key: str) -> bytes | None:
+        answer = direct.get("corpus", key, None, None)
+        assert answer is not None
+        return answer[1]
+
+    for shard in range(3):  # a shard's read-ahead threads end with it; its connections do not
+        with ThreadPoolExecutor(max_workers=1) as readers:
+            assert readers.submit(get, f"s{shard}.wav").result() == f"/corpus/s{shard}.wav".encode()
+    assert keep_alive_server.accepted == 1
+    barrier = threading.Barrier(2)
+
+    def get_together(key: str) -> bytes | None:
+        barrier.wait()
+        return get(key)
+
+    with ThreadPoolExecutor(max_workers=2) as readers:
+        assert sorted(readers.map(get_together, ["a", "b"])) == [b"/corpus/a", b"/corpus/b"]  # type: ignore[type-var]
+    assert keep_alive_server.accepted in (1, 2)  # the second GET may find the first's connection idle
+    keep_alive_server.close_idle()  # the server ends the idle connections: the next GETs make new ones
+    accepted = keep_alive_server.accepted
+    assert get("after") == b"/corpus/after"
+    assert keep_alive_server.accepted == accepted + 1
