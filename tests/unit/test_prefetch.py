@@ -237,3 +237,27 @@ def test_reader_threads_outlive_a_read_ahead_and_serve_the_next_alone(serve: Any
     assert next(early) == clips["/c0.wav"]
     early.close()  # with reads in flight: its threads are kept only once idle
     assert list(prefetch(urls[::-1], fetch, ReadAhead(in_flight=3))) == list(clips.values())[::-1]
+
+
+def test_a_later_read_is_let_in_once_the_one_before_it_reserves(serve: Any) -> None:
+    # b's fetch asks for room before a's: it waits for a to reserve first, not for the consumer
+    # to move past a (that would read one object at a time).
+    store = serve({"/a.wav": _clip(1), "/b.wav": _clip(2)})
+    a_may_read, b_reserved = threading.Event(), threading.Event()
+
+    def fetch(url: str, reserve: Reserve) -> bytes:
+        if url.endswith("/a.wav"):
+            assert a_may_read.wait(5)
+            return fetch_url(url, LIMITS, reserve).read()
+
+        def reserve_b(size: int) -> None:
+            reserve(size)
+            b_reserved.set()
+
+        return fetch_url(url, LIMITS, reserve_b).read()
+
+    reads = prefetch([store.url("/a.wav"), store.url("/b.wav")], fetch, ReadAhead(2, 1 << 20))
+    threading.Timer(0.3, a_may_read.set).start()  # b has asked by then
+    assert next(reads) == _clip(1)
+    assert b_reserved.wait(5)  # while the consumer still holds a
+    assert list(reads) == [_clip(2)]
