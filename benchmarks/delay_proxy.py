@@ -10,6 +10,8 @@ answer's length is known. `drop(n)`: the connections of the next `n` requests ar
 unanswered, as soon as the request arrives (for retries). `delay_ms` may be changed while it
 runs. One asyncio loop in a thread of its own; HTTP/1.1 clients send one request at a time per
 connection (no pipelining), which is all it assumes.
+
+    python -m benchmarks.delay_proxy PORT [--delay-ms N]   # one in a process of its own
 """
 
 from __future__ import annotations

@@ -69,29 +69,33 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(store.delay_s)
             if body and path == SLOW:
                 assert store.others_done.wait(30), "the objects after the slow one were not read meanwhile"
-            if path == "/moved.wav":
-                self.send_response(302)
-                self.send_header("Location", "http://example.invalid/elsewhere.wav")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            data = store.objects.get(path)
-            if data is None:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if body:
-                self.wfile.write(data)
+        finally:
+            with store.lock:  # before a byte of the answer: its client cannot have asked again yet
+                store.in_flight -= 1
+        try:
+            self._send(store.objects.get(path), body)
         finally:
             with store.lock:
-                store.in_flight -= 1
                 if body:
                     store.gets[path] += 1
                     store.answered.append(path)
                     if path != SLOW and len(store.answered) >= store.slow_after:
                         store.others_done.set()
+
+    def _send(self, data: bytes | None, body: bool) -> None:
+        if self.path == "/moved.wav":
+            self.send_response(302)
+            self.send_header("Location", "http://example.invalid/elsewhere.wav")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif data is None:
+            self.send_error(404)
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
 
 
 @pytest.fixture
