@@ -117,7 +117,7 @@ def prefetch(
         for _, count in grouped:
             yield from [None] * count
         return
-    threads = min(read_ahead.in_flight, len(wanted))
+    threads = max(1, read_ahead.in_flight)  # a pool starts its threads as work comes: a few for a few
     pool = _take_readers(threads)
     futures: dict[int, Future[T]] = {
         index: pool.submit(fetch_run, index, url) for index, (url, _) in enumerate(grouped) if url is not None
@@ -136,8 +136,8 @@ def prefetch(
         _give_back_readers(threads, pool, idle=all(future.done() for future in futures.values()))
 
 
-# Reader threads outlive a read-ahead: a shard's would otherwise start `in_flight` threads, each
-# a few hundred microseconds of a busy worker's time. A read-ahead has its pool to itself.
+# Reader threads outlive a read-ahead: every shard would otherwise start `in_flight` threads, each
+# waited for by a busy worker. A read-ahead has its pool to itself.
 _IDLE_READERS: dict[tuple[int, int], list[ThreadPoolExecutor]] = {}  # (pid, threads) -> pools
 _IDLE_READERS_LOCK = threading.Lock()
 MAX_IDLE_POOLS = 4

@@ -3,9 +3,9 @@
 A clip read from a bucket is one GET. Through s3fs, botocore builds, signs and parses each one
 and aiohttp and the hand-off to fsspec's loop thread add more: about 2 ms of a worker's CPU per
 clip, as much as the tiny models' compute. `DirectS3` signs the request itself (the signing key
-is derived once a day), writes it on an idle keep-alive connection (kept by the reader, not by a
-thread: the read-ahead threads of one shard end with it) and reads the answer's status line and
-headers by hand (`Link`): a few tenths of a millisecond.
+is derived once a day), writes it on an idle keep-alive connection (kept for whichever thread
+reads next, not by one thread) and reads the answer's status line and headers by hand (`Link`):
+a few tenths of a millisecond.
 
 It is used only where it asks the store exactly what the SDK would: credentials, region and
 endpoint come from botocore's own resolution (`AWS_ENDPOINT_URL`, `~/.aws/config`, an instance
