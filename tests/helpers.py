@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,8 @@ import pyarrow.parquet as pq
 import soundfile as sf
 
 from pipeline.demo import speechlike
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker_dicts(client: object) -> list[dict]:
@@ -84,3 +89,19 @@ def reexported(source: Path, target: Path) -> None:
     model = onnx.load(str(source))
     model.doc_string = f"re-exported {uuid.uuid4().hex}"
     onnx.save(model, str(target))
+
+
+def run_benchmark(work_dir: Path, module: str, *args: str) -> None:
+    """`python -m module args...` from the project root, its work files in `work_dir`; it must exit 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXMILL_")}
+    env["BENCH_WORK_DIR"] = str(work_dir)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

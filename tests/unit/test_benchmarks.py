@@ -4,9 +4,6 @@ checked on made-up traces. Nothing here asserts on a time."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,23 +12,9 @@ from benchmarks.common import classify, percentile, summary
 from benchmarks.extract_run import stage_breakdown
 from benchmarks.limit import balance
 from benchmarks.report import fmt, targets_section
+from tests.helpers import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_benchmark(work_dir: Path, module: str, *args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXMILL_")}
-    env["BENCH_WORK_DIR"] = str(work_dir)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-    done = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def run_quick(work_dir: Path, *args: str) -> Path:
@@ -203,68 +186,6 @@ def test_memory_lengths_runs_and_reports(tmp_path: Path) -> None:
     ]
 
 
-def test_latency_runs_and_reports(tmp_path: Path) -> None:
-    """`benchmarks.latency` end to end on a few clips: both worker settings, every delay, every
-    clip embedded in every run, through the delaying proxy."""
-    out = tmp_path / "latency.json"
-    args = ["--clips", "8", "--delays", "0,20", "--repeats", "1", "--out", str(out)]
-    run_benchmark(tmp_path / "work", "benchmarks.latency", *args)
-    data = json.loads(out.read_text())
-    assert set(data["settings"]) == {"reads in flight", "one read at a time"}
-    for table in data["settings"].values():
-        assert set(table) == {"local", "+0 ms", "+20 ms"}
-        assert all(run["failed"] == 0 and run["audio_s"] > 0 for row in table.values() for run in row["runs"])
-    assert set(data["in_flight_over_one_at_a_time"]) == {"+0 ms", "+20 ms"}
-    from benchmarks.report import latency_section
-
-    section = "\n".join(latency_section(data))
-    assert "| reads | local | +0 ms | +20 ms |" in section and "| one read at a time |" in section
-    rows = targets_section({"latency": data})[4:-1]
-    assert [row.split(" | ")[0] for row in rows] == [
-        "| objects at +20 ms, reads in flight, tiny models: rate / the same at +0 ms",
-        "| worker CPU per GET (per clip, over local files)",
-    ]
-    full = {**data, "models": "full-size stand-ins"}  # what `--models full` writes, as latency-full
-    assert "## Objects at real latency, full-size models" in latency_section(full)
-    rows = targets_section({"latency": data, "latency-full": full})[4:-1]
-    assert [row.split(" | ")[0] for row in rows][0] == (
-        "| objects at +20 ms, reads in flight, full-size models: rate / the same at +0 ms"
-    )
-
-
-def test_outputs_in_a_bucket_run_and_report(tmp_path: Path) -> None:
-    """`benchmarks.latency --outputs` end to end on a few clips: workers uploading behind their
-    tasks and in them, every variant run, each clip once in its outputs."""
-    out = tmp_path / "outputs.json"
-    args = ["--outputs", "--clips", "8", "--delays", "0,20", "--repeats", "1", "--out", str(out)]
-    run_benchmark(tmp_path / "work", "benchmarks.latency", *args)
-    data = json.loads(out.read_text())
-    behind, in_task = data["settings"]["uploads behind"], data["settings"]["uploads in the task"]
-    assert set(behind) == {"local", "bucket +0 ms", "bucket +20 ms", "bucket, serial merge +20 ms"}
-    assert set(in_task) == {"local", "bucket +0 ms", "bucket +20 ms"}
-    assert all(run["utts"] == 8 for row in [*behind.values(), *in_task.values()] for run in row["runs"])
-    from benchmarks.report import outputs_section
-
-    section = "\n".join(outputs_section(data))
-    assert "| outputs | uploads behind | uploads in the task |" in section
-    target = targets_section({"latency_outputs": data})[4]
-    assert "outputs in the bucket at +20 ms, tiny models: whole run / local outputs" in target
-
-
-def test_cpu_per_get_runs_and_reports(tmp_path: Path) -> None:
-    """`benchmarks.get_cpu` on a few objects: every reader measured, voxmill's own GETs used."""
-    out = tmp_path / "get-cpu.json"
-    run_benchmark(
-        tmp_path / "work", "benchmarks.get_cpu", "--objects", "5", "--repeats", "1", "--out", str(out)
-    )
-    data = json.loads(out.read_text())
-    assert set(data["cpu_ms_per_get"]) == {"voxmill", "voxmill, read ahead", "s3fs", "botocore"}
-    assert all(by["median"] > 0 for by in data["cpu_ms_per_get"].values())
-    from benchmarks.report import get_cpu_section
-
-    assert "| voxmill |" in "\n".join(get_cpu_section(data))
-
-
 def test_the_shard_sizing_result_renders_with_its_target() -> None:
     from benchmarks.report import shard_sizing_section
 
@@ -274,38 +195,3 @@ def test_the_shard_sizing_result_renders_with_its_target() -> None:
     assert [row.split(" | ")[1] for row in rows] == ["32", str(data["after"]["shard_size"])]
     target = targets_section({"shard-sizing": data})[4]
     assert "short clips without durations / plain loop" in target and "≥ 0.750" in target
-
-
-def test_batching_runs_and_reports(tmp_path: Path) -> None:
-    """`benchmarks.batching` end to end on tiny models: both corpora with batching on and off, the
-    same tokens, the batches the workers ran, single jobs, its section and targets."""
-    out = tmp_path / "batching.json"
-    args = [
-        "--models",
-        "tiny",
-        "--short",
-        "24",
-        "--mixed",
-        "8",
-        "--repeats",
-        "1",
-        "--jobs",
-        "3",
-        "--shard-size",
-        "12",
-    ]
-    run_benchmark(tmp_path / "work", "benchmarks.batching", *args, "--out", str(out))
-    data = json.loads(out.read_text())
-    assert data["short"]["tokens_identical"] and data["mixed"]["tokens_identical"]
-    assert data["short"]["clips"] == 24 and sum(data["short"]["batch_sizes"].values()) > 0
-    assert data["single_jobs"]["auto"]["p50_ms"] > 0 and data["single_jobs"]["off"]["p50_ms"] > 0
-    from benchmarks.report import batching_section
-
-    section = "\n".join(batching_section(data))
-    assert "| short (1–3 s) | 24 |" in section and "tiny stand-ins" in section
-    rows = targets_section({"batching": data})[4:-1]
-    assert [row.split(" | ")[0] for row in rows] == [
-        "| batched tokens on short clips: rate / unbatched",
-        "| batched tokens on a mixed corpus: rate / unbatched",
-        "| batched tokens: single-job p50 / unbatched",
-    ]
