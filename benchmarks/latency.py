@@ -27,10 +27,9 @@ measured with the same workers. Writes benchmarks/results/latency_outputs.json
 Reported per variant: audio seconds per wall second (median of the repeats), its ratio to local
 disk (measured back to back with the same workers) and to the same variant at +0 ms, the wall time
 each clip adds per worker process over local disk, and the workers' CPU per clip (the difference
-to local disk is the CPU one GET costs; the CPU idle workers spend in a run's wall time, measured
-before the rounds, is left out: a slower run would otherwise charge it to its clips). The S3
-server and the proxy run in this process, on the same cores as the workers (the difference also
-holds what sharing them costs: caches, wake-ups). Writes benchmarks/results/latency.json.
+to local disk is the CPU one GET costs). The S3 server and the proxy run in this process, on the
+same cores as the workers (the difference also holds what sharing them costs: caches, wake-ups).
+Writes benchmarks/results/latency.json.
 """
 
 from __future__ import annotations
@@ -57,14 +56,6 @@ from benchmarks.delay_proxy import DelayProxy
 BUCKET = "latency"
 OUT_BUCKET = "latency-out"
 WORKERS = 2
-
-
-def _idle_cpu_per_s(pid: int, seconds: float = 5.0) -> float:
-    """CPU seconds per wall second the worker tree spends with no task (Celery's own loop,
-    heartbeats): spent whatever the clips cost, so a run's share of it is not charged to them."""
-    before = _tree_cpu_s(pid)
-    time.sleep(seconds)
-    return (_tree_cpu_s(pid) - before) / seconds
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -95,12 +86,12 @@ def _variant_table(runs: dict[str, list[dict[str, Any]]], clips: int) -> dict[st
     local = runs["local"]
     local_rate = statistics.median(r["audio_s_per_s"] for r in local)
     local_wall = statistics.median(r["wall_s"] for r in local)
-    local_cpu = statistics.median(r["worker_busy_cpu_s"] for r in local)
+    local_cpu = statistics.median(r["worker_cpu_s"] for r in local)
     base_rate = statistics.median(r["audio_s_per_s"] for r in runs.get("+0 ms", local))
     for variant, found in runs.items():
         rate = statistics.median(r["audio_s_per_s"] for r in found)
         wall = statistics.median(r["wall_s"] for r in found)
-        cpu = statistics.median(r["worker_busy_cpu_s"] for r in found)
+        cpu = statistics.median(r["worker_cpu_s"] for r in found)
         table[variant] = {
             "audio_s_per_s": round(rate, 2),
             "ratio_to_local": round(rate / local_rate, 4),
@@ -129,8 +120,6 @@ def _rounds(
     # Unmeasured: each pool process imports the store's client and opens its session on first use.
     extract_corpus(settings, manifests["s3"], RunFolder.of(work / "warm-up"), ["embed"], WORKERS, 0, True)
     shutil.rmtree(work / "warm-up", ignore_errors=True)
-    idle_cpu_per_s = _idle_cpu_per_s(workers_pid)
-    log(f"in flight {settings.reads_in_flight}: idle workers use {idle_cpu_per_s * 1000:.1f} ms CPU per s")
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for repeat in range(repeats):
         for variant in variants if repeat % 2 == 0 else reversed(variants):
@@ -150,7 +139,6 @@ def _rounds(
                     "audio_s": round(audio_s, 2),
                     "audio_s_per_s": round(audio_s / wall, 2),
                     "worker_cpu_s": round(cpu, 3),
-                    "worker_busy_cpu_s": round(cpu - idle_cpu_per_s * wall, 3),
                     "failed": report["ops"]["embed"]["failed"],
                 }
             )

@@ -607,8 +607,7 @@ def latency_section(data: dict[str, Any]) -> Lines:
         "once) against one read at a time. Audio s/s (ratio to the same clips on local disk):",
         "",
         *table(["reads", *delays], rows),
-        f"Reads in flight against one at a time: {gains}. Worker CPU per clip over local files (ms; "
-        "the CPU idle workers spend over a run's wall time, measured before the rounds, left out):",
+        f"Reads in flight against one at a time: {gains}. Worker CPU per clip over local files (ms):",
         "",
         *table(["reads", *delays[1:]], cpu),
     ]
