@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from celery.result import allow_join_result
 
 from pipeline.audio.vad import SpeechDetector
 from pipeline.inference import open_session
@@ -107,7 +108,9 @@ def test_the_memory_bound_reaches_celery() -> None:
     app = create_app(default)
     assert app.conf.worker_max_memory_per_child == default.worker_max_memory_per_child_kb
     from_env = Settings.load(environ={"VOXMILL_WORKER_MAX_MEMORY_PER_CHILD_KB": "800000"})
-    with warnings.catch_warnings():  # Celery warns when the tests run as root
+    # allow_join_result: building a Worker marks this process as a pool's, where result.get()
+    # raises; the flag would outlive this test and fail the next that waits on a result.
+    with warnings.catch_warnings(), allow_join_result():  # Celery warns when the tests run as root
         warnings.simplefilter("ignore")
         worker = create_app(from_env).Worker(pool_cls="prefork", concurrency=1, without_mingle=True)
     assert worker.max_memory_per_child == 800000  # what Celery hands the pool
