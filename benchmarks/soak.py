@@ -8,9 +8,9 @@ Everything runs against a private Redis (`workers.embedded.EmbeddedRedis`) on a 
 tiny stand-in models and 24 WAVs of every length (`CLIP_SECONDS`: 0.5-30 s, and one of 90 s)
 sent by path, ops mixed (tokenize, embed, extract in turn). Phases:
 
-1. warm-up: `--warmup` jobs through `--workers` worker processes (one Celery worker, prefork);
-   their results are read and deleted, then each process's RSS and Redis `used_memory` are the
-   baseline.
+1. warm-up: `--warmup` jobs through `--workers` worker processes (one Celery worker, prefork),
+   then each op on the 90 s clip once per process; their results are read and deleted, then each
+   process's RSS and Redis `used_memory` are the baseline.
 2. soak: `--jobs` jobs submitted with `workers.queue.client.Client.submit`; results are polled by
    task id with MGET and *not* deleted, so they stay until `result_expires_s` (set short) runs
    out. Lost: a submitted id without a SUCCESS result, or a result carrying an error.
@@ -303,9 +303,19 @@ def wait_for_expiry(soak: Soak, timeout_s: float) -> float:
 
 
 def warm_up(soak: Soak, count: int) -> dict[str, Any]:
+    """`count` jobs in turn, then each op on the longest clip once per worker process: jobs in turn
+    reach a process by chance, and a process meeting the longest clip only after the baseline
+    grows its arenas once then, which reads as a leak."""
     watch = ResultWatch(soak, delete=True)
     jobs, _ = submit(soak, count, watch=watch)
     done = collect(soak, jobs, timeout_s=300, watch=watch)
+    longest = soak.clips[CLIP_SECONDS.index(max(CLIP_SECONDS))]
+    for op in OPS:  # sent together, one reaches each idle process (prefetch 1, fair scheduling)
+        assert soak.client is not None
+        together = [soak.client.submit(op, longest) for _ in range(soak.workers_count)]
+        longest_done = collect(soak, together, timeout_s=300, delete=True)
+        done.missing += longest_done.missing
+        done.errors.update(longest_done.errors)
     if done.missing or done.errors:
         raise RuntimeError(f"warm-up failed: {len(done.missing)} missing, errors {dict(done.errors)}")
     time.sleep(1.0)  # let the last tasks' memory settle before the baseline
