@@ -105,3 +105,10 @@ def run_benchmark(work_dir: Path, module: str, *args: str) -> None:
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def target_labels(results: dict[str, Any]) -> list[str]:
+    """The first cell of each row of BENCHMARKS.md's targets table for `results` (by result name)."""
+    from benchmarks.report import targets_section
+
+    return [row.split(" | ")[0] for row in targets_section(results)[4:-1]]

@@ -12,7 +12,7 @@ from benchmarks.common import classify, percentile, summary
 from benchmarks.extract_run import stage_breakdown
 from benchmarks.limit import balance
 from benchmarks.report import fmt, targets_section
-from tests.helpers import run_benchmark
+from tests.helpers import run_benchmark, target_labels
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -178,8 +178,7 @@ def test_memory_lengths_runs_and_reports(tmp_path: Path) -> None:
 
     section = "\n".join(memory_lengths_section(data))
     assert "after: voxmill's defaults" in section and "--first 20" in section
-    rows = targets_section({"memory-lengths": data})[4:-1]
-    assert [row.split(" | ")[0] for row in rows] == [
+    assert target_labels({"memory-lengths": data}) == [
         "| 30 clips of 0.5–30 s: RSS growth after clip 20",
         "| a 0.75-minute clip: lasting RSS growth",
         "| 30 clips of 0.5–30 s: time against the old memory settings − 1",

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from benchmarks.report import targets_section
-from tests.helpers import run_benchmark
+from tests.helpers import run_benchmark, target_labels
 
 
 def test_latency_runs_and_reports(tmp_path: Path) -> None:
@@ -28,15 +28,13 @@ def test_latency_runs_and_reports(tmp_path: Path) -> None:
 
     section = "\n".join(latency_section(data))
     assert "| reads | local | +0 ms | +20 ms |" in section and "| one read at a time |" in section
-    rows = targets_section({"latency": data})[4:-1]
-    assert [row.split(" | ")[0] for row in rows] == [
+    assert target_labels({"latency": data}) == [
         "| objects at +20 ms, reads in flight, tiny models: rate / the same at +0 ms",
         "| worker CPU per GET (per clip, over local files)",
     ]
     full = {**data, "models": "full-size stand-ins"}  # what `--models full` writes, as latency-full
     assert "## Objects at real latency, full-size models" in latency_section(full)
-    rows = targets_section({"latency": data, "latency-full": full})[4:-1]
-    assert [row.split(" | ")[0] for row in rows][0] == (
+    assert target_labels({"latency": data, "latency-full": full})[0] == (
         "| objects at +20 ms, reads in flight, full-size models: rate / the same at +0 ms"
     )
 
@@ -101,8 +99,7 @@ def test_batching_runs_and_reports(tmp_path: Path) -> None:
 
     section = "\n".join(batching_section(data))
     assert "| short (1–3 s) | 24 |" in section and "tiny stand-ins" in section
-    rows = targets_section({"batching": data})[4:-1]
-    assert [row.split(" | ")[0] for row in rows] == [
+    assert target_labels({"batching": data}) == [
         "| batched tokens on short clips: rate / unbatched",
         "| batched tokens on a mixed corpus: rate / unbatched",
         "| batched tokens: single-job p50 / unbatched",
