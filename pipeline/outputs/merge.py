@@ -30,6 +30,7 @@ import base64
 import contextlib
 import io
 import json
+import tempfile
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ from pipeline.outputs.writers import (
     write_text_at,
 )
 from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ModelRef, ShardSpec, Utterance
-from pipeline.storage.locations import OutputLocation
+from pipeline.storage.locations import LocalFolder, ObjectFolder, OutputLocation
 from pipeline.storage.objects import Reserve
 from pipeline.storage.prefetch import ReadAhead, prefetch
 
@@ -342,11 +343,46 @@ def merge_outputs(
     `read_ahead`: in an object store, the shard files are read `read_ahead.in_flight` at once
     ahead of the merge (`_read_shards`), in plan order, so the outputs and errors are what reading
     them one after another gives; None (or 1 in flight), and a local folder: one after another.
+    The outputs go to a store the same way: written locally, then uploaded `in_flight` at once
+    (the report alone, after them).
     """
-    out = out_dir.location
     quality = quality or QualityFilter()
     tally = _Tally()
     given_up = {name for name in out_dir.shard_files() if RunFolder.is_given_up(name)}
+    store = out_dir.location
+    with contextlib.ExitStack() as stack:
+        # In a store, the outputs are written to a local folder first and uploaded together at the
+        # end: one round trip for all of them, not one per file in turn.
+        staged = None
+        if isinstance(store, ObjectFolder):
+            staged = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="voxmill-merge-")))
+        out = store if staged is None else LocalFolder(staged)
+        provenance = _merge_into(out, out_dir, specs, tally, buffer_rows, quality, ops, given_up, read_ahead)
+        if isinstance(store, ObjectFolder) and staged is not None:
+            uploads = 1 if read_ahead is None else read_ahead.in_flight  # as the shards were read
+            store.put_files({file.name: file for file in sorted(staged.iterdir())}, uploads)
+    tally.fill(report)
+    report.provenance = provenance
+    if quality.active:
+        report.filters = {**quality.to_dict(), "filtered_utterances": tally.filtered}
+    text = json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    write_text_at(store, RunFolder.REPORT, text)  # last: the run is whole once it exists
+    return report
+
+
+def _merge_into(
+    out: OutputLocation,
+    out_dir: RunFolder,
+    specs: Iterable[ShardSpec],
+    tally: _Tally,
+    buffer_rows: int,
+    quality: QualityFilter,
+    ops: Sequence[str] | None,
+    given_up: set[str],
+    read_ahead: ReadAhead | None,
+) -> dict[str, Any]:
+    """The merged outputs (all but the report) written to `out`, the shards read from `out_dir`;
+    the run's provenance."""
     with contextlib.ExitStack() as stack:
         outputs = _Outputs(out, stack, buffer_rows)
         shards = _read_shards(out_dir, specs, given_up, buffer_rows, read_ahead)
@@ -360,12 +396,7 @@ def merge_outputs(
         spk = outputs.speakers.table()
         spk = spk.replace_schema_metadata({PROVENANCE_METADATA_KEY: json.dumps(provenance, sort_keys=True)})
         write_table_at(out, RunFolder.SPK_EMBEDDINGS, spk)
-    tally.fill(report)
-    report.provenance = provenance
-    if quality.active:
-        report.filters = {**quality.to_dict(), "filtered_utterances": tally.filtered}
-    write_text_at(out, RunFolder.REPORT, json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
-    return report
+    return provenance
 
 
 def _by_shard(specs: Iterable[ShardSpec]) -> Iterator[list[ShardSpec]]:

@@ -13,7 +13,8 @@ import os
 import secrets
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -94,15 +95,31 @@ class ObjectFolder:
                     yield spool
                 except OSError as exc:
                     raise VoxmillError(OUTPUT_ERROR, f"cannot write {target}: {exc.strerror or exc}") from exc
-            fs = filesystem(self.url.scheme)
-            path = parse_url(target).fs_path
-            try:
-                with_retries(lambda: fs.put_file(spool.name, path), target, "cannot write")
-            except VoxmillError as exc:
-                raise VoxmillError(OUTPUT_ERROR, exc.message) from None
+            self._put(name, Path(spool.name))
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(spool.name)
+
+    def put_files(self, files: Mapping[str, Path], in_flight: int) -> None:
+        """Upload local files as the objects `name` -> `path`, `in_flight` at once: each one a
+        whole PUT (retried as `writer`'s), so with all at once the last finishes a round trip
+        after the first, not one per file later. Every upload is waited for; the first failure
+        is then raised."""
+        if not files:
+            return
+        threads = max(1, min(in_flight, len(files)))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="voxmill-put") as pool:
+            uploads = [pool.submit(self._put, name, local) for name, local in files.items()]
+        for upload in uploads:
+            upload.result()
+
+    def _put(self, name: str, local: Path) -> None:
+        target = self.ref(name)
+        fs = filesystem(self.url.scheme)
+        try:
+            with_retries(lambda: fs.put_file(str(local), parse_url(target).fs_path), target, "cannot write")
+        except VoxmillError as exc:
+            raise VoxmillError(OUTPUT_ERROR, exc.message) from None
 
     def delete(self, name: str) -> None:
         fs = filesystem(self.url.scheme)

@@ -417,14 +417,22 @@ class _CountingProxy(DelayProxy):
     def __init__(self, upstream_port: int, delay_ms: float) -> None:
         super().__init__(upstream_port, delay_ms)
         self.open = self.most_open = 0
+        self.puts: list[tuple[str, float, float]] = []  # (object name, arrived, answered)
 
     async def _exchange(self, request: bytes, client_reader: Any, client: Any) -> bool:
         self.open += 1
         self.most_open = max(self.most_open, self.open)
+        arrived = time.monotonic()
         try:
             return await super()._exchange(request, client_reader, client)
         finally:
             self.open -= 1
+            if request.startswith(b"PUT "):
+                name = request.split(b" ", 2)[1].split(b"?")[0].rsplit(b"/", 1)[-1].decode()
+                self.puts.append((name, arrived, time.monotonic()))
+
+    def most_puts_at_once(self) -> int:
+        return max(sum(1 for _, a, e in self.puts if a <= at < e) for _, at, _ in self.puts)
 
 
 def _merged_bytes(out: str) -> dict[str, bytes]:
@@ -450,6 +458,11 @@ def test_the_merge_reads_shard_objects_ahead_as_a_serial_merge_does(
                 merge_outputs(remote, specs, RunReport(), buffer_rows=buffer_rows, read_ahead=ahead)
                 merged[buffer_rows, in_flight] = _merged_bytes(out)
             most_open[buffer_rows, in_flight] = proxy.most_open
+            # The outputs are uploaded together (as many at once as reads), the report after them.
+            *outputs, (last, report_sent, _) = proxy.puts
+            assert last == "report.json" and all(answered <= report_sent for _, _, answered in outputs)
+            assert len(outputs) == 5
+            assert proxy.most_puts_at_once() == 1 if in_flight == 1 else proxy.most_puts_at_once() >= 2
     objects._FILESYSTEMS.clear()
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
     assert merged[7, 4] == merged[7, 1] and merged[65536, 4] == merged[65536, 1]  # byte for byte
