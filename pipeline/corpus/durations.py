@@ -7,7 +7,9 @@ of files never has one), and its short clips cut 32 to a shard ran at 0.56 of a 
 models instead of about 0.8 (issue 34). A header read (libsndfile, no decode) costs well under a
 millisecond on a local disk: a sample of `HEADER_SAMPLE` costs little before the first shard. Object
 URLs cost a GET each (10-50 ms on a real bucket; a short clip is read whole): they are read
-`in_flight` at once, so 64 of them cost the planner about 8 round trips before its first shard.
+`in_flight` at once, spread over the sample from the first round on, and the reading stops once
+`ENOUGH_READ` headers give the mean within `PRECISE` (its standard error): clips of similar
+lengths cost the planner 2 round trips before its first shard, not 8.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pipeline.storage.urls import is_url
 
 HEADER_SAMPLE = 64  # headers read at most
 LEAST_READ = 8  # fewer headers than this say too little about a corpus
+ENOUGH_READ = 16  # objects: at least this many headers before the reading may stop early
+PRECISE = 0.1  # ... once the mean's standard error is within this share of it (shards within ~10 %)
 
 
 def listed_mean(utts: Sequence[Utterance]) -> float | None:
@@ -80,5 +84,23 @@ def headers_mean(utts: Sequence[Utterance], limits: AudioLimits, in_flight: int 
         return sample_mean([header_seconds(path, limits) for path in paths])
     from concurrent.futures import ThreadPoolExecutor
 
+    spread = [paths[i] for first in (0, 2, 1, 3) for i in range(first, len(paths), 4)]  # any prefix spans
+    seconds: list[float | None] = []
     with ThreadPoolExecutor(in_flight, thread_name_prefix="voxmill-headers") as pool:
-        return sample_mean(list(pool.map(lambda path: header_seconds(path, limits), paths)))
+        for start in range(0, len(spread), in_flight):
+            batch = spread[start : start + in_flight]
+            seconds += pool.map(lambda path: header_seconds(path, limits), batch)
+            if known_well(seconds):
+                break
+    return sample_mean(seconds)
+
+
+def known_well(seconds: Sequence[float | None]) -> bool:
+    """Whether the durations read so far give their mean within `PRECISE` (standard error), from
+    at least `ENOUGH_READ` headers."""
+    read = [s for s in seconds if s is not None]
+    if len(read) < ENOUGH_READ:
+        return False
+    mean = sum(read) / len(read)
+    variance = sum((s - mean) ** 2 for s in read) / (len(read) - 1)
+    return mean > 0 and (variance / len(read)) ** 0.5 <= PRECISE * mean

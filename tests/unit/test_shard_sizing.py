@@ -133,63 +133,92 @@ def test_the_size_read_from_headers_is_kept_by_a_resume_whatever_the_files_say_n
     assert header_size(out) == 40
 
 
+class ObjectServer:
+    """WAVs of the given lengths served over HTTP on loopback, each answer 20 ms late; which were
+    asked for, and the most requests at once."""
+
+    def __init__(self, seconds: list[float]) -> None:
+        import io
+        import threading
+        import time
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.objects: dict[str, bytes] = {}
+        for index, length in enumerate(seconds):
+            buffer = io.BytesIO()
+            sf.write(buffer, np.zeros(int(16000 * length), dtype=np.float32), 16000, format="WAV")
+            self.objects[f"/c{index}.wav"] = buffer.getvalue()
+        self.now = self.most = 0
+        self.asked: set[str] = set()  # the objects asked for (an http read asks its size first)
+        lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self.answer(False)
+
+            def do_GET(self) -> None:
+                self.answer(True)
+
+            def answer(self, body: bool) -> None:
+                with lock:
+                    server.asked.add(self.path)
+                    server.now += 1
+                    server.most = max(server.most, server.now)
+                time.sleep(0.02)
+                data = server.objects.get(self.path)
+                with lock:
+                    server.now -= 1
+                if data is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.http.server_address[1]}"
+
+    def urls(self) -> list[str]:
+        return [f"{self.base}/c{i}.wav" for i in range(len(self.objects))]
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
 def test_the_headers_of_objects_are_read_a_few_at_once(tmp_path: Path) -> None:
     """A listing of http URLs without durations: a sample of their headers, from a real HTTP
     server on loopback, 4 requests at most at once; a missing object is left out of the sample."""
-    import io
-    import threading
-    import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    import numpy as np
-    import soundfile as sf
-
     from pipeline.corpus.durations import headers_mean
-    from pipeline.settings import AudioLimits
 
-    objects: dict[str, bytes] = {}
-    for index in range(20):
-        buffer = io.BytesIO()
-        sf.write(buffer, np.zeros(int(16000 * (1.0 + 0.1 * index)), dtype=np.float32), 16000, format="WAV")
-        objects[f"/c{index}.wav"] = buffer.getvalue()
-    state = {"now": 0, "most": 0}
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_HEAD(self) -> None:
-            self.answer(False)
-
-        def do_GET(self) -> None:
-            self.answer(True)
-
-        def answer(self, body: bool) -> None:
-            with lock:
-                state["now"] += 1
-                state["most"] = max(state["most"], state["now"])
-            time.sleep(0.02)
-            data = objects.get(self.path)
-            with lock:
-                state["now"] -= 1
-            if data is None:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if body:
-                self.wfile.write(data)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+    server = ObjectServer([1.0 + 0.5 * index for index in range(20)])
     try:
-        listing = utts([f"{base}/c{i}.wav" for i in range(20)] + [f"{base}/missing.wav"])
+        listing = utts([*server.urls(), f"{server.base}/missing.wav"])
         mean = headers_mean(listing, AudioLimits(), in_flight=4)
-        assert mean is not None and abs(mean - (1.0 + 0.1 * 9.5)) < 1e-6
-        assert 1 < state["most"] <= 4
+        assert mean is not None and abs(mean - (1.0 + 0.5 * 9.5)) < 1e-6  # lengths this spread: all read
+        assert 1 < server.most <= 4
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
+
+
+def test_the_headers_of_objects_of_like_lengths_stop_once_their_mean_is_known(tmp_path: Path) -> None:
+    """Objects: once 16 headers give the mean within 10 %, the other 48 of the sample are not read
+    (2 round trips of 8, not 8); the 16 are spread over the whole sample."""
+    from pipeline.corpus.durations import headers_mean
+
+    lengths = [1.0 + 0.001 * index for index in range(64)]
+    server = ObjectServer(lengths)
+    try:
+        mean = headers_mean(utts(server.urls()), AudioLimits(), in_flight=8)
+        assert len(server.asked) == 16
+        # Spread over the sample: its first 16 alone would say 1.0075.
+        assert mean is not None and abs(mean - sum(lengths) / 64) < 0.01
+    finally:
+        server.close()

@@ -26,10 +26,9 @@ same folder is refused at its first differing shard; a listing fixed after a lat
 resumes.
 
 The only audio opened here is for that shard size, when the listing gives no durations: the
-headers of up to 64 local files spread over the first utterances (`pipeline.corpus.durations`;
-libsndfile, nothing decoded), so that a corpus of short clips without `utt2dur` is cut into shards
-of about `shard_seconds` of audio too. A listing of URLs is cut by count, as before (a GET per
-header before the first shard would cost more than it saves).
+headers of up to 64 files or objects spread over the first utterances (`pipeline.corpus.durations`;
+libsndfile, nothing decoded; objects `reads_in_flight` at once), so that a corpus of short clips
+without `utt2dur` is cut into shards of about `shard_seconds` of audio too.
 
 A corpus of WebDataset tar shards is planned one shard per tar (the header's `unit` is `tar`):
 a tar's utterances are known only once a worker reads it, so its plan entry names the tar, and
