@@ -33,7 +33,6 @@ import json
 import tempfile
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,24 +45,23 @@ import pyarrow.parquet as pq
 from pipeline.audio.quality import STAT_FIELDS, QualityFilter
 from pipeline.errors import FILTERED, OUTPUT_ERROR, VoxmillError
 from pipeline.outputs.folder import RunFolder
-from pipeline.outputs.report import MixedModel, OpCounts, RunReport
+from pipeline.outputs.report import RunReport
+from pipeline.outputs.tally import SpeakerSums, Tally
 from pipeline.outputs.writers import (
     EMBEDDING_OPS,
     PROVENANCE_METADATA_KEY,
     SHA256_COLUMNS,
     SPEECH_TOKENS_SCHEMA,
-    SPK_EMBEDDINGS_SCHEMA,
     TOKEN_OPS,
     UTT_EMBEDDINGS_SCHEMA,
     UTT_STATS_SCHEMA,
     dictionary_columns,
     failed_shard_table,
     read_shard,
-    shard_models,
     write_table_at,
     write_text_at,
 )
-from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ModelRef, ShardSpec, Utterance
+from pipeline.records import OPS, ROLE_EMBEDDER, ROLE_TOKENIZER, ShardSpec, Utterance
 from pipeline.storage.locations import LocalFolder, ObjectFolder, OutputLocation
 from pipeline.storage.objects import Reserve
 from pipeline.storage.prefetch import ReadAhead, prefetch
@@ -125,151 +123,6 @@ class _TableSink:
             self._writer.close()
 
 
-@dataclass
-class _SpeakerSums:
-    """Per speaker, in order of first appearance: the float64 sum of its embeddings and their count."""
-
-    sums: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def add(self, spks: Sequence[str], vectors: npt.NDArray[np.float32]) -> None:
-        for spk, vector in zip(spks, vectors.astype(np.float64), strict=True):
-            if spk in self.sums:
-                self.sums[spk] += vector
-                self.counts[spk] += 1
-            else:
-                self.sums[spk] = vector.copy()
-                self.counts[spk] = 1
-
-    def table(self) -> pa.Table:
-        spks = list(self.sums)
-        if not spks:  # every utterance failed or was filtered out
-            return SPK_EMBEDDINGS_SCHEMA.empty_table()
-        counts = np.array([self.counts[s] for s in spks], dtype=np.int64)
-        dim = len(next(iter(self.sums.values())))
-        sums = np.array([self.sums[s] for s in spks], dtype=np.float64).reshape(len(spks), dim)
-        means = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
-        vectors = pa.FixedSizeListArray.from_arrays(pa.array(means.reshape(-1), type=pa.float32()), dim)
-        columns = {"spk": spks, "embedding": vectors.cast(pa.list_(pa.float32())), "num_utts": counts}
-        return pa.Table.from_pydict(columns, schema=SPK_EMBEDDINGS_SCHEMA)
-
-
-class _StatHistograms:
-    """Fixed-bin histograms of the quality statistics: their percentiles in constant memory."""
-
-    BINS: dict[str, tuple[float, float, float]] = {  # name: (low, high, bin width)
-        "duration_s": (0.0, 3600.0, 0.01),
-        "speech_s": (0.0, 3600.0, 0.01),
-        "speech_ratio": (0.0, 1.0, 0.001),
-        "rms_dbfs": (-150.0, 0.0, 0.1),
-        "peak_dbfs": (-150.0, 0.0, 0.1),
-        "clipped_fraction": (0.0, 1.0, 0.0001),
-    }
-    QUANTILES = (0.05, 0.5, 0.95)
-
-    def __init__(self) -> None:
-        self.counts = {
-            name: np.zeros(round((hi - lo) / w) + 1, dtype=np.int64)
-            for name, (lo, hi, w) in self.BINS.items()
-        }
-
-    def add(self, stats: pa.Table) -> None:
-        for name, (low, _, width) in self.BINS.items():
-            column = stats.column(name)
-            values = np.asarray(column.drop_null() if column.null_count else column, dtype=np.float64)
-            bins = np.clip(np.round((values - low) / width), 0, len(self.counts[name]) - 1).astype(np.int64)
-            found = np.bincount(bins)  # up to the largest bin only: not a 360k-bin array per shard
-            self.counts[name][: len(found)] += found
-
-    def percentiles(self) -> dict[str, dict[str, float | int | None]]:
-        out: dict[str, dict[str, float | int | None]] = {}
-        for name, (low, _, width) in self.BINS.items():
-            counts = self.counts[name]
-            total = int(counts.sum())
-            row: dict[str, float | int | None] = {"count": total}
-            cumulative = np.cumsum(counts)
-            for q in self.QUANTILES:
-                index = int(np.searchsorted(cumulative, q * total, side="left")) if total else None
-                row[f"p{round(q * 100)}"] = None if index is None else round(low + index * width, 6)
-            out[name] = row
-        return out
-
-
-@dataclass
-class _Tally:
-    """What report.json counts, as the shards stream by."""
-
-    ops: list[str] = field(default_factory=list)
-    utterances: int = 0
-    audio_seconds: float = 0.0
-    filtered: int = 0
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    model_votes: dict[str, dict[str, int]] = field(default_factory=dict)
-    histograms: _StatHistograms = field(default_factory=_StatHistograms)
-
-    def add(self, op: str, rows: int, ok: int) -> None:
-        """One op of a shard: `ok` of its `rows` go into the outputs (the rest failed or were filtered)."""
-        counts = self.counts.setdefault(op, {"ok": 0, "failed": 0})
-        counts["ok"] += ok
-        counts["failed"] += rows - ok
-
-    def vote(self, table: pa.Table) -> None:
-        """The models a shard file names, once per file."""
-        for role, ref in shard_models(table).items():
-            key = json.dumps(ref, sort_keys=True)
-            votes = self.model_votes.setdefault(role, {})
-            votes[key] = votes.get(key, 0) + 1
-
-    def fill(self, report: RunReport) -> None:
-        """The merge's part of `report`: counts, models, stats."""
-        report.utterances = self.utterances
-        report.audio_seconds = round(self.audio_seconds, 6)
-        report.ops = {op: OpCounts(**self.counts.get(op, {"ok": 0, "failed": 0})) for op in self.ops}
-        report.models = {role: refs[0].ref for role, refs in self.ranked_models().items()}
-        report.models_mixed = {role: refs for role, refs in self.ranked_models().items() if len(refs) > 1}
-        report.stats = self.histograms.percentiles()
-
-    def ranked_models(self) -> dict[str, list[MixedModel]]:
-        """{role: each model its rows name, with its shard files, most first (first seen wins ties)}.
-
-        A batch file and its single-clip twin are one model: named by the batch file's ref (whose
-        `twin_sha256` names the other), its shard files counted once each.
-        """
-        ranked: dict[str, list[MixedModel]] = {}
-        for role, votes in self.model_votes.items():
-            by_model: dict[str, MixedModel] = {}
-            for key, n in votes.items():
-                ref = ModelRef.from_dict(role, json.loads(key))
-                seen = by_model.get(ref.model_sha256)
-                if seen is None:
-                    by_model[ref.model_sha256] = MixedModel(ref, n)
-                else:
-                    named = ref if ref.twin_sha256 and not seen.ref.twin_sha256 else seen.ref
-                    by_model[ref.model_sha256] = MixedModel(named, seen.shards + n)
-            ranked[role] = sorted(by_model.values(), key=lambda mixed: -mixed.shards)
-        return ranked
-
-    def provenance(self) -> dict[str, Any]:
-        """What produced the outputs: voxmill, each model (file, sha256, provider actually used,
-        ONNX Runtime), the front-end (`pipeline.features.frontend_parameters`)."""
-        from importlib.metadata import PackageNotFoundError, version
-
-        from pipeline.features import frontend_parameters
-
-        try:
-            voxmill = version("voxmill")
-        except PackageNotFoundError:  # run from a source tree that was never installed
-            voxmill = "unknown"
-        models = {role: refs[0].ref.to_dict() for role, refs in self.ranked_models().items()}
-        return {
-            "voxmill": voxmill,
-            "models": models,
-            "providers": {role: ref.get("provider", "") for role, ref in models.items()},
-            "onnxruntime": sorted({ref["onnxruntime"] for ref in models.values() if ref.get("onnxruntime")}),
-            "frontend": frontend_parameters(),
-        }
-
-
 class _Outputs:
     """The files one merge writes, opened once the first shard says which ops ran."""
 
@@ -282,7 +135,7 @@ class _Outputs:
         self.embeddings: _TableSink | None = None
         self.stats = _TableSink(stack, out, RunFolder.UTT_STATS, UTT_STATS_SCHEMA, buffer_rows)
         self.token_op = self.embed_op = ""
-        self.speakers = _SpeakerSums()
+        self.speakers = SpeakerSums()
 
     def open_for(self, ops: Sequence[str]) -> None:
         """The first op (in canonical order) that makes tokens writes the token file; likewise embeddings."""
@@ -347,7 +200,7 @@ def merge_outputs(
     (the report alone, after them).
     """
     quality = quality or QualityFilter()
-    tally = _Tally()
+    tally = Tally()
     given_up = {name for name in out_dir.shard_files() if RunFolder.is_given_up(name)}
     store = out_dir.location
     with contextlib.ExitStack() as stack:
@@ -374,7 +227,7 @@ def _merge_into(
     out: OutputLocation,
     out_dir: RunFolder,
     specs: Iterable[ShardSpec],
-    tally: _Tally,
+    tally: Tally,
     buffer_rows: int,
     quality: QualityFilter,
     ops: Sequence[str] | None,
@@ -485,7 +338,7 @@ def _merge_shard(
     out_dir: RunFolder,
     specs: list[ShardSpec],
     tables: list[pa.Table],
-    tally: _Tally,
+    tally: Tally,
     outputs: _Outputs,
     quality: QualityFilter,
     asked: Sequence[str] | None = None,
@@ -528,7 +381,7 @@ def _as_rows(spec: ShardSpec, table: pa.Table, utts: list[str], spks: list[str])
 def _fold_shard(
     read: list[tuple[ShardSpec, Any, pa.Table]],
     utts: list[str],
-    tally: _Tally,
+    tally: Tally,
     outputs: _Outputs,
     quality: QualityFilter,
     asked: Sequence[str] | None,
@@ -610,14 +463,3 @@ def _matrix(column: pa.ChunkedArray) -> npt.NDArray[np.float32]:
         return np.zeros((0, 0), dtype=np.float32)
     flat = np.asarray(pc.list_flatten(column), dtype=np.float32)
     return flat.reshape(len(column), -1)
-
-
-def speaker_means(spks: Sequence[str], embeddings: npt.NDArray[np.floating[Any]]) -> pa.Table:
-    """Mean embedding per speaker (as CosyVoice's spk2embedding), speakers in order of appearance.
-
-    `spks[i]` is the speaker of row `embeddings[i]` ([rows, dim]); the mean is taken in float64
-    and stored as float32.
-    """
-    sums = _SpeakerSums()
-    sums.add(spks, np.asarray(embeddings, dtype=np.float32))
-    return sums.table()

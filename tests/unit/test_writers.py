@@ -17,8 +17,9 @@ import pytest
 from pipeline.errors import OUTPUT_ERROR, ErrorRecord, VoxmillError
 from pipeline.outputs import writers
 from pipeline.outputs.folder import RunFolder
-from pipeline.outputs.merge import merge_outputs, speaker_means
+from pipeline.outputs.merge import merge_outputs
 from pipeline.outputs.report import RunReport
+from pipeline.outputs.tally import speaker_means
 from pipeline.outputs.writers import read_shard, shard_counts, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance, models_from_dict
 from pipeline.storage import locations
