@@ -80,7 +80,7 @@ def client_latency(settings: Any, clip: Path, count: int, poll_s: float | None) 
     `poll_s` None: the default client (woken by each result's announcement); else a polling-only
     client reading every `poll_s`.
     """
-    from workers import tuning
+    from pipeline import tuning
     from workers.queue.client import Client
 
     client = Client(settings, wakeups=poll_s is None)

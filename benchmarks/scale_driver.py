@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
-    import workers.corpus.driver as driver
+    import pipeline.run.driver as driver
     import workers.extract as run
     from pipeline.outputs.folder import RunFolder
     from pipeline.settings import Settings

@@ -40,8 +40,8 @@ TARGET_RATIO = 0.75
 def planned_shard_size(data: Path) -> int:
     """The shard size the planner chooses for `data` with 2 local workers (a plan only, no run)."""
     from pipeline.outputs.folder import RunFolder
+    from pipeline.run.plan import Planner
     from pipeline.settings import Settings
-    from workers.corpus.plan import Planner
 
     with tempfile.TemporaryDirectory() as scratch:
         planner = Planner(data, RunFolder.of(Path(scratch) / "out"), OPS, 0, Settings(), 2).start()

@@ -113,3 +113,11 @@ class ModelUnavailable(VoxmillError):
 
     def __init__(self, message: str) -> None:
         super().__init__(MODEL_ERROR, message)
+
+
+class RunError(VoxmillError):
+    """The run cannot go on (bad input, output not writable, a different run in the folder);
+    `code`: a more telling one of the catalogue's (`no_consumer`), else `run_error`."""
+
+    def __init__(self, message: str, code: str = RUN_ERROR) -> None:
+        super().__init__(code, message)

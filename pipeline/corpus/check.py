@@ -1,7 +1,7 @@
 """A whole corpus listing looked at before anything runs: refused now if reading it would be.
 
 `voxmill extract` plans a listing as it streams by, so that the first shards run while the rest
-is still being read (`workers.corpus.plan`); a problem at line 100,001 would then be found after
+is still being read (`pipeline.run.plan`); a problem at line 100,001 would then be found after
 shards were written. `check_listing` comes first: it raises the listing's `CorpusError`, with the
 very problems `CorpusListing` reports, or returns when reading it will find none.
 

@@ -3,7 +3,7 @@
 `RunFolder.of(out)` takes a local folder or an object-store prefix (`s3://bucket/run`, `gs://...`)
 and is the only place a `--out` value is read. The folder's files, by name inside it:
 
-    plan/header.json, plan/chunk-NNNNNN.parquet, plan/complete.json   the plan (`workers.corpus.plan`)
+    plan/header.json, plan/chunk-NNNNNN.parquet, plan/complete.json   the plan (`pipeline.run.plan`)
     shards/{op}-{shard:06d}.parquet            a finished shard (`pipeline.outputs.writers`)
     shards/{op}-{shard:06d}.given-up.parquet   a shard the driver gave up on
     speech_tokens.parquet, utt_embeddings.parquet, spk_embeddings.parquet, utt_stats.parquet,

@@ -25,7 +25,7 @@ A shard file always holds its rows: a result whose row the file cannot hold (a t
 int32, a non-finite embedding value, a statistic of the wrong type: `row_problem`) is stored as
 an `output_error` of its utterance, and should the rows still not make a table, the file holds
 every utterance failed with the reason (`failed_shard_table`). Only writing the file can fail.
-A shard the driver gave up on (`workers.corpus.driver`: sent `shard_max_attempts` times without
+A shard the driver gave up on (`pipeline.run.driver`: sent `shard_max_attempts` times without
 its file) gets its given-up file (`RunFolder.given_up_file`) instead, every utterance failed with
 why: the merge takes it for the shard, and a resume counts the shard done.
 """

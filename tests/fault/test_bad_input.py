@@ -834,7 +834,7 @@ def corpus_outcomes(out: Path) -> dict[tuple[str, str], str]:
 def test_a_corpus_shard_mixing_bad_and_good_files(run: Run) -> None:
     assert run.corpus_exit == 0, run.corpus_stderr
     assert run.corpus_out is not None
-    from workers.corpus.plan import PlanReader
+    from pipeline.run.plan import PlanReader
 
     shards = list(PlanReader(RunFolder.of(run.corpus_out)).specs())
     assert len(shards) == 1  # one shard holds every file, bad and good (both ops: one extract task)

@@ -278,8 +278,8 @@ def test_local_workers_that_exit_end_the_run_with_their_exit_code(
     import sys
 
     import workers.embedded
+    from pipeline.errors import RunError
     from pipeline.settings import Settings
-    from workers.corpus.plan import RunError
     from workers.extract import extract_corpus
 
     corpus = make_audio_folder(tmp_path / "corpus", 4, 1.0, 2.0, seed=5)
@@ -301,8 +301,8 @@ def test_local_workers_that_cannot_load_their_model_end_the_run(
     import shutil
 
     import workers.extract
+    from pipeline.errors import RunError
     from pipeline.settings import Settings
-    from workers.corpus.plan import RunError
 
     models = tmp_path / "models"
     shutil.copytree(tiny_models, models)
@@ -322,7 +322,7 @@ def test_a_shard_whose_file_cannot_be_written_is_given_up_and_the_run_completes(
     failure: the rename meets a folder). The driver sends the shard `shard_max_attempts` times,
     gives it up, lists its utterances in errors.jsonl, and the run completes; a resume finds the
     shard given up and sends nothing again."""
-    from workers.corpus.plan import PlanReader
+    from pipeline.run.plan import PlanReader
 
     corpus = make_audio_folder(tmp_path / "corpus", 6, 0.5, 1.0, speakers=2, seed=11)
     out = tmp_path / "out"

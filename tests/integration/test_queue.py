@@ -94,10 +94,10 @@ def test_the_corpus_driver_wakes_on_shard_announcements_not_on_its_read_interval
     """With results read only every 60 s, six one-clip shards still finish at once: each shard
     task announces its result and the driver listens (a driver that only read would take minutes:
     4 shards in flight, each round a minute)."""
-    import workers.tuning
+    import pipeline.tuning
     from workers.extract import extract_corpus
 
-    monkeypatch.setattr(workers.tuning, "SHARD_LOOK_S", 60.0)
+    monkeypatch.setattr(pipeline.tuning, "SHARD_LOOK_S", 60.0)
     corpus = make_audio_folder(scratch / "announced-corpus", 6, 1.0, 2.0, seed=11)
     started = time.monotonic()
     out = RunFolder.of(scratch / "announced-out")

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import redis
 
 from pipeline.records import ShardResult, ShardSpec, Utterance
+from pipeline.run.hooks import Counts, RunRound
 from pipeline.settings import Settings
 from tests.conftest import voxmill, wait_for
-from workers.corpus.hooks import Counts, RunRound
 from workers.observe.run_metrics import RUN_PROGRESS, RunObserver, publish_run_progress, runs_in_progress
 from workers.observe.status import collect_status
 
@@ -37,7 +37,7 @@ def test_status_shows_a_run_in_progress_until_it_finishes(
     header = SimpleNamespace(run="run-abc", source=Path("/corpora/librispeech"))
     planner = SimpleNamespace(header=header, ops=["tokenize", "embed"], planned=4, done=True)
     counts = Counts(n_ops=2, units_total=8, audio_total_s=240.0)
-    observer = RunObserver(str(tmp_path / "out"), redis_client)
+    observer = RunObserver(str(tmp_path / "out"), lambda: redis_client)
     observer.run_started()
     for op in planner.ops:  # shard 0 an earlier run did, shard 1 this one: 60 s of audio each op
         observer.shard_resumed(spec(0, op))
@@ -75,7 +75,8 @@ def test_status_shows_a_run_in_progress_until_it_finishes(
 
 
 def test_a_run_still_listing_has_no_totals_yet(redis_client: redis.Redis, tmp_path: Path) -> None:
-    observer = RunObserver(str(tmp_path / "out"), redis_client)
+    observer = RunObserver(str(tmp_path / "out"), lambda: redis_client)
+    observer.run_started()
     listing = SimpleNamespace(header=None, ops=["embed"], planned=0, done=False)
     observer.round_ended(RunRound(Counts(n_ops=1), 0, listing))
     assert runs_in_progress(redis_client) == []  # no header yet: the run has no name to publish under

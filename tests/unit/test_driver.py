@@ -12,7 +12,7 @@ from pipeline.outputs.merge import merge_outputs
 from pipeline.outputs.report import RunReport
 from pipeline.outputs.writers import write_given_up_shard, write_shard
 from pipeline.records import ModelRef, ShardSpec, TaskResult, Utterance
-from workers.corpus.driver import InFlight, given_up_reason, judge_late, late_shards
+from pipeline.run.ledger import InFlight, given_up_reason, judge_late, late_shards
 
 
 def spec(n: int, out: str = "/out") -> ShardSpec:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import CODES, ModelUnavailable, VoxmillError
+from pipeline.errors import CODES, ModelUnavailable, RunError, VoxmillError
 from workers.corpus.cluster import NoRunConsumer
-from workers.corpus.plan import RunError
 from workers.embedded import ProcessExited
 from workers.observe.run_metrics import RunMetricsPortError
 from workers.queue.client import BrokerNotConfigured, NoConsumer

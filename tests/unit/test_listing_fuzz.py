@@ -25,10 +25,11 @@ import pytest
 from pipeline.corpus import kaldi, lhotse, manifest, reading, roots, tars
 from pipeline.corpus.check import check_listing, looks_clean
 from pipeline.corpus.listing import CorpusError, CorpusListing
+from pipeline.errors import RunError
 from pipeline.outputs.folder import RunFolder
 from pipeline.records import Utterance
+from pipeline.run.plan import Planner, PlanReader
 from pipeline.settings import Settings
-from workers.corpus.plan import Planner, PlanReader, RunError
 
 SEED = 20261204
 CASES_PER_FORMAT = 50

@@ -22,9 +22,9 @@ from pipeline.corpus.tars import iter_samples, split_key
 from pipeline.errors import BAD_REQUEST, EMPTY, NOT_FOUND, TOO_LARGE, TOO_LONG, UNREADABLE, VoxmillError
 from pipeline.outputs.folder import RunFolder
 from pipeline.records import ShardSpec, Utterance
+from pipeline.run.ledger import InFlight, late_shards, shards_to_look_at
+from pipeline.run.plan import Planner, PlanReader
 from pipeline.settings import AudioLimits, Settings
-from workers.corpus.driver import InFlight, late_shards, shards_to_look_at
-from workers.corpus.plan import Planner, PlanReader
 
 
 def _write(path: Path, text: str) -> Path:

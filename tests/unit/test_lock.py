@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.errors import RunError
 from pipeline.outputs.folder import RunFolder
-from workers.corpus.lock import LOCK_STALE_S, lock_output, marker_is_live
-from workers.corpus.plan import RunError
+from pipeline.run.lock import LOCK_STALE_S, lock_output, marker_is_live
 
 
 def test_a_local_folder_is_locked_once_until_its_run_ends(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The merge's reads of shard files (`pipeline.outputs.merge`): which ones are read ahead and in
 what windows, a local folder merged as always; and the corpus driver's looks at a store's shard
-files (`workers.corpus.driver`: a HEAD for the shards that announced, a sweep of the others now
+files (`pipeline.run.driver`: a HEAD for the shards that announced, a sweep of the others now
 and then). The merge read ahead from a real S3 API: tests/integration/test_object_storage.py.
 """
 
@@ -17,8 +17,8 @@ from pipeline.outputs.merge import merge_outputs, reads_ahead, windows
 from pipeline.outputs.report import RunReport
 from pipeline.outputs.writers import write_given_up_shard, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance, models_from_dict
+from pipeline.run.ledger import shards_to_look_at, sweep_due
 from pipeline.storage.prefetch import ReadAhead
-from workers.corpus.driver import shards_to_look_at, sweep_due
 
 OPS = ("tokenize", "embed")
 MODELS = {

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.corpus.sharding import auto_shard_size, shard_size_for_durations
+from pipeline.errors import RunError
 from pipeline.outputs.folder import RunFolder
+from pipeline.run.plan import Planner, PlanReader
 from pipeline.settings import Settings
-from workers.corpus.plan import Planner, PlanReader, RunError
 
 
 def plan_for(
@@ -168,8 +169,8 @@ def test_a_name_longer_than_max_text_chars_is_refused_with_its_line(tmp_path: Pa
 
 
 def test_both_ops_run_as_one_extract_task_only_where_every_worker_serves_it() -> None:
-    from workers.corpus.plan import task_ops
-    from workers.extract import all_serve_extract
+    from pipeline.run.plan import task_ops
+    from workers.corpus.shard_queue import all_serve_extract
 
     assert task_ops(["tokenize", "embed"], True) == ["extract"]
     assert task_ops(["tokenize", "embed"], False) == ["tokenize", "embed"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from pipeline.outputs.report import RunReport
+from pipeline.run.hooks import Counts
 from pipeline.units import audio_amount
-from workers.corpus.hooks import Counts
 from workers.corpus.progress import summary_line
 
 

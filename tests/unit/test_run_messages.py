@@ -9,8 +9,9 @@ from pipeline.errors import FORBIDDEN_PATH, OUTPUT_ERROR, ErrorRecord
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.report import RunReport
 from pipeline.records import ShardResult
-from workers.corpus.driver import run_ending_failure
-from workers.extract import other_models_note, unusable_output
+from pipeline.run.ledger import run_ending_failure
+from pipeline.run.lock import unusable_output
+from workers.extract import other_models_note
 
 OLD, NEW = "a" * 64, "b" * 64
 

@@ -17,8 +17,8 @@ from pipeline.errors import ErrorRecord
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import write_shard
 from pipeline.records import ShardResult, ShardSpec, TaskResult, Utterance
+from pipeline.run.hooks import Counts, RunRound
 from tests.unit.test_grafana import probe_json
-from workers.corpus.hooks import Counts, RunRound
 from workers.embedded import free_port
 from workers.observe.run_metrics import (
     RunMetrics,
@@ -93,9 +93,9 @@ def test_the_observer_reads_failures_by_code_from_the_shard_file(tmp_path: Path)
     ]
     path = write_shard(RunFolder.of(tmp_path), spec, results)
     assert failures_by_code(path) == {"too_short": 2, "not_found": 1}
-    observer = RunObserver(
-        str(tmp_path), redis.Redis(port=free_port()), metrics_port=free_port(), metrics_addr="127.0.0.1"
-    )
+    unreachable = redis.Redis(port=free_port())
+    port = free_port()
+    observer = RunObserver(str(tmp_path), lambda: unreachable, metrics_port=port, metrics_addr="127.0.0.1")
     observer.run_started()
     try:
         observer.shard_done(spec, ShardResult(0, "embed", str(path), 1, 3, 1.0, 0.0), path)

@@ -12,8 +12,8 @@ import soundfile as sf
 from pipeline.corpus.durations import header_sample, header_seconds, listed_mean, sample_mean
 from pipeline.outputs.folder import RunFolder
 from pipeline.records import Utterance
+from pipeline.run.plan import Planner, PlanReader
 from pipeline.settings import AudioLimits, Settings
-from workers.corpus.plan import Planner, PlanReader
 
 # 20 s of audio a shard: 40 clips of 0.5 s, and never fewer than 32 (clips of 2 s would make 10).
 SETTINGS = Settings(shard_size=32, shard_seconds=20.0)

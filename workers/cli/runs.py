@@ -49,7 +49,7 @@ def check_where_it_runs(
 
 def other_models_notice(settings: Settings, ops: Sequence[str], report: RunReport) -> None:
     """A note when a run's local workers (the model folder's models) found rows other models made."""
-    from workers.corpus.plan import RunError
+    from pipeline.errors import RunError
     from workers.extract import current_model_sha256, other_models_note
 
     if settings.broker_url:  # workers elsewhere, with models of their own
@@ -179,9 +179,8 @@ def extract(
     """
     from pipeline.audio.quality import QualityFilter
     from pipeline.corpus.reading import as_source
-    from pipeline.errors import VoxmillError
+    from pipeline.errors import RunError, VoxmillError
     from pipeline.outputs.folder import RunFolder
-    from workers.corpus.plan import RunError
     from workers.extract import current_model_sha256, drop_mixed_shards, extract_corpus
 
     op_list = split_list(ops)
@@ -324,9 +323,9 @@ def demo(
 ) -> None:
     """Generate a small demo corpus and tiny stand-in models, then run `extract` on it (embedded Redis)."""
     from pipeline.demo import make_demo_corpus
+    from pipeline.errors import RunError
     from pipeline.models.standin import make_standins
     from pipeline.outputs.folder import RunFolder
-    from workers.corpus.plan import RunError
     from workers.extract import extract_corpus
 
     settings = load_settings()

@@ -9,8 +9,8 @@ from pathlib import Path
 from pipeline.outputs.audit import AuditReport, AuditThresholds, audit_run, paths_by_utt, read_stored_rows
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import write_text_at
+from pipeline.run.plan import PlanReader
 from pipeline.settings import Settings
-from workers.corpus.plan import PlanReader
 
 
 def audit_output(out_dir: RunFolder, settings: Settings, sample: int, seed: int) -> AuditReport:

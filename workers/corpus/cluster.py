@@ -24,13 +24,12 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.errors import NO_CONSUMER, VoxmillError
+from pipeline import tuning
+from pipeline.errors import NO_CONSUMER, RunError, VoxmillError
 from pipeline.models.registry import Registry
 from pipeline.outputs.folder import RunFolder
 from pipeline.records import ROLES_BY_OP
 from pipeline.settings import Settings
-from workers import tuning
-from workers.corpus.plan import RunError
 from workers.embedded import EmbeddedRedis, LocalWorkers, ProcessExited
 from workers.heartbeat import count_ready_workers, read_worker_records
 from workers.queue.delivery import WorkerView, consumers_gone, no_consumer_message, start_command
@@ -162,6 +161,7 @@ class EmbeddedCluster:
             "allowed_roots_file": roots_file,
         }
         self.settings = settings.model_copy(update=update)
+        self.concurrency = workers
         self.workers = LocalWorkers(
             self.settings, workers, queues=list(ops), log_path=out_dir.workers_log(settings.run_state_dir)
         )

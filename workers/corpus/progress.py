@@ -10,8 +10,8 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemaining
 from rich.table import Table
 
 from pipeline.outputs.report import RunReport
+from pipeline.run.hooks import Counts, RunHooks, RunRound
 from pipeline.units import audio_amount
-from workers.corpus.hooks import Counts, RunHooks, RunRound
 
 
 class ProgressView(RunHooks):

@@ -15,7 +15,7 @@ Series (all prefixed `voxmill_run_`, one run per endpoint):
   `failures_total{op, code}` (this run's, as the workers measured them)
 - `shards_in_flight`, `shards_resubmitted_total`, `eta_seconds` (NaN while unknown)
 
-`RunObserver` is one of the run's hooks (`workers.corpus.hooks`): it turns what the driver tells
+`RunObserver` is one of the run's hooks (`pipeline.run.hooks`): it turns what the driver tells
 (a shard done or found done, a shard sent again, a round) into both.
 """
 
@@ -28,16 +28,17 @@ import math
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
-
+from pipeline.errors import RunError
 from pipeline.records import ShardResult, ShardSpec
+from pipeline.run.hooks import Counts, RunHooks, RunRound
 from workers import keys
-from workers.corpus.hooks import Counts, RunHooks, RunRound
-from workers.corpus.plan import RunError
+
+if TYPE_CHECKING:  # redis-py is imported once a run starts (its local workers are spawned first)
+    import redis
 
 # JSON record of one driver's run; expires unless the driver writes it again.
 RUN_PROGRESS = keys.RUN_PROGRESS
@@ -250,20 +251,23 @@ def runs_in_progress(client: redis.Redis) -> list[dict[str, Any]]:
 
 class RunObserver(RunHooks):
     """A corpus run as the outside world sees it: `RunMetrics` and its record on the broker, kept
-    from the driver's hooks (`workers.corpus.hooks.RunHooks`). The broker record is best effort:
+    from the driver's hooks (`pipeline.run.hooks.RunHooks`). The broker record is best effort:
     a broker outage is the driver's business, never the observer's.
     """
 
     def __init__(
         self,
         out: str,
-        client: redis.Redis | None,
+        broker: Callable[[], redis.Redis | None] | None,
         metrics_port: int | None = None,
         metrics_addr: str = "127.0.0.1",
         ttl_s: int = RUN_PROGRESS_TTL_S,
     ) -> None:
-        self.out = out  # the output folder as given (`RunFolder.display`), for the record
-        self.client = client
+        """`out`: the output folder as given (`RunFolder.display`), for the record; `broker`: the
+        client the record is written with, asked for when the run starts (None: no record)."""
+        self.out = out
+        self.broker = broker
+        self.client: redis.Redis | None = None
         self.metrics: NoRunMetrics = RunMetrics() if metrics_port else NoRunMetrics()
         self.metrics_port = metrics_port
         self.metrics_addr = metrics_addr
@@ -277,6 +281,7 @@ class RunObserver(RunHooks):
 
     def run_started(self) -> None:
         """Serve the metrics port, if any; `RunMetricsPortError` when it cannot be served."""
+        self.client = self.broker() if self.broker else None
         if not self.metrics_port:
             return
         try:
@@ -328,6 +333,8 @@ class RunObserver(RunHooks):
             "resubmitted": self.resubmits,
         }
         record = progress_record(header, self.out, counts, shards, eta_s, self.started_at)
+        import redis
+
         try:
             publish_run_progress(self.client, header.run, record, self.ttl_s)
             self._published_at = moment
@@ -338,5 +345,7 @@ class RunObserver(RunHooks):
         """Drop the run's record and stop serving."""
         self.metrics.close()
         if self.run is not None and self.client is not None:
+            import redis
+
             with contextlib.suppress(redis.RedisError):  # else it expires within the TTL
                 clear_run_progress(self.client, self.run)

@@ -45,6 +45,7 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from pipeline import tuning
 from pipeline.errors import (
     INTERNAL,
     MODEL_ERROR,
@@ -60,7 +61,7 @@ from pipeline.errors import (
 from pipeline.records import OPS, TaskResult
 from pipeline.settings import Settings
 from pipeline.storage.urls import is_url, mend_url
-from workers import keys, tuning
+from workers import keys
 from workers.heartbeat import read_worker_records
 from workers.queue import connections
 from workers.queue.app import TASK_NAMES, create_app

@@ -25,8 +25,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from pipeline import tuning
 from pipeline.records import ROLES_BY_OP
-from workers import tuning
 from workers.heartbeat import WorkerRecord
 from workers.keys import QUEUES
 

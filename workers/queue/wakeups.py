@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from workers import tuning
+from pipeline import tuning
 
 
 class ResultWakeups:

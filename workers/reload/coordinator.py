@@ -30,12 +30,13 @@ from pathlib import Path
 import redis
 from redis.client import PubSub
 
+from pipeline import tuning
 from pipeline.batching import file_now, twin_path
 from pipeline.errors import VoxmillError
 from pipeline.models.identity import FileIdentity
 from pipeline.models.registry import Registry
 from pipeline.settings import Settings
-from workers import keys, tuning
+from workers import keys
 from workers.heartbeat import WorkerRecord, delete_worker_record, read_worker_records, write_worker_record
 from workers.metrics import NoMetrics
 from workers.reload import generations

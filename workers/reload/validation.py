@@ -25,10 +25,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from pipeline import tuning
 from pipeline.errors import VoxmillError
 from pipeline.models.registry import Registry
 from pipeline.settings import Settings
-from workers import tuning
 
 
 @dataclass(frozen=True)

@@ -75,13 +75,13 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
+from pipeline import tuning
 from pipeline.errors import VoxmillError
 from pipeline.models.files import hash_model_file
 from pipeline.models.identity import FileIdentity
 from pipeline.models.options import SessionOptions
 from pipeline.models.registry import Registry
 from pipeline.settings import Settings
-from workers import tuning
 from workers.reload import generations
 from workers.reload.validation import Validation, Validator
 

@@ -19,7 +19,7 @@ RESULT_POLL_S = 0.25  # every pending result is read at least this often, announ
 RESULT_READ_BATCH = 500  # results read per MGET
 SUBSCRIBE_BATCH = 1000  # result channels subscribed per command
 
-# The corpus driver (`workers.corpus.driver`)
+# The corpus driver (`pipeline.run.driver`)
 SHARD_LOOK_S = 1.0  # the files of the shards in flight are looked for at least this often
 WINDOW_REFRESH_S = 2.0  # the number of ready workers (the window of shards in flight) is read this often
 MAX_DEADLINE_DOUBLINGS = 8  # a shard or job sent again and again waits at most 8x the deadline

@@ -34,7 +34,7 @@ A corpus of WebDataset tar shards is planned one shard per tar (the header's `un
 a tar's utterances are known only once a worker reads it, so its plan entry names the tar, and
 progress counts tars until their utterances are known.
 
-The output folder's lock is `workers.corpus.lock`'s.
+The output folder's lock is `pipeline.run.lock`'s.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from pipeline.corpus.sharding import (
     shard_digest,
     shard_size_for_durations,
 )
-from pipeline.errors import RUN_ERROR, VoxmillError
+from pipeline.errors import RunError, VoxmillError
 from pipeline.outputs.folder import RunFolder
 from pipeline.records import ShardSpec, Utterance
 from pipeline.settings import Settings
@@ -71,14 +71,6 @@ DIGESTS_KEY = b"voxmill.shard_digests"
 SHARDS_PER_WORKER = 6  # a small corpus is cut so that every worker process gets this many shards
 DURATION_SAMPLE = 1000  # the first utterances, whose mean duration sizes the shards (shard_seconds)
 MAX_SHARD_SIZE = 4096
-
-
-class RunError(VoxmillError):
-    """The run cannot go on (bad input, output not writable, a different run in the folder);
-    `code`: a more telling one of the catalogue's (`no_consumer`), else `run_error`."""
-
-    def __init__(self, message: str, code: str = RUN_ERROR) -> None:
-        super().__init__(code, message)
 
 
 @dataclass(frozen=True)

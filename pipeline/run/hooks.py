@@ -1,6 +1,6 @@
 """What a corpus run tells whoever watches it: one hook per moment, each a no-op here.
 
-The driver (`workers.corpus.driver.CorpusDriver`) calls these and keeps nothing of its watchers';
+The driver (`pipeline.run.driver.CorpusDriver`) calls these and keeps nothing of its watchers';
 the progress view (`workers.corpus.progress.ProgressView`) and the metrics observer
 (`workers.observe.run_metrics.RunObserver`) implement the hooks they need, as dramatiq's
 middleware does. What a hook receives is a snapshot (frozen): a watcher cannot change the run.
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.records import ShardResult, ShardSpec
+from pipeline.run.plan import PlanProgress
 from pipeline.units import audio_amount
-from workers.corpus.plan import PlanProgress
 
 
 @dataclass

@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.errors import NOT_FOUND, VoxmillError
+from pipeline.errors import NOT_FOUND, RunError, VoxmillError
 from pipeline.outputs.folder import RunFolder
-from workers.corpus.plan import RunError
 
 LOCK_REFRESH_S = 20.0
 LOCK_STALE_S = 90.0  # a marker not refreshed for this long belongs to a run that is gone
@@ -32,12 +31,28 @@ LOCK_STALE_S = 90.0  # a marker not refreshed for this long belongs to a run tha
 def lock_output(out_dir: RunFolder, state_dir: Path) -> IO[str] | StoreLock:
     """Hold an exclusive lock on the output folder for the life of the run (`close()` frees it).
     An object-store output is locked in its local state folder under `state_dir` and by a marker
-    object (module docstring)."""
-    lock = out_dir.lock_file(state_dir)
-    if not out_dir.is_local:
-        return StoreLock(out_dir, lock).acquire()
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    return _flock(lock, f"another `voxmill extract` is running on {out_dir.display()}")
+    object (module docstring). `RunError` when another run holds it, or the folder cannot be one."""
+    try:
+        lock = out_dir.lock_file(state_dir)
+        if not out_dir.is_local:
+            return StoreLock(out_dir, lock).acquire()
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        return _flock(lock, f"another `voxmill extract` is running on {out_dir.display()}")
+    except OSError as exc:
+        raise RunError(unusable_output(out_dir, exc)) from None
+
+
+def unusable_output(out_dir: RunFolder, exc: OSError) -> str:
+    """Why `--out` cannot hold a run, in words: a local path that is (or lies below) a file says so."""
+    where = out_dir.display()
+    if out_dir.is_local:
+        path = Path(out_dir.name)
+        file = next((p for p in (path, *path.parents) if p.is_file()), None)
+        if file == path:
+            return f"cannot use the output folder {where}: it is a file, not a folder (--out names a folder)"
+        if file is not None:
+            return f"cannot use the output folder {where}: {file} is a file, not a folder"
+    return f"cannot use the output folder {where}: {exc.strerror or exc}"
 
 
 def _flock(path: Path, busy: str) -> IO[str]:
