@@ -194,3 +194,20 @@ def test_the_shard_sizing_result_renders_with_its_target() -> None:
     assert [row.split(" | ")[1] for row in rows] == ["32", str(data["after"]["shard_size"])]
     target = targets_section({"shard-sizing": data})[4]
     assert "short clips without durations / plain loop" in target and "≥ 0.750" in target
+
+
+def test_two_trees_times_both_checkouts_on_both_corpora(tmp_path: Path) -> None:
+    """`benchmarks.two_trees` with this checkout on both sides: each corpus run once per side, the
+    ratio from their medians."""
+    from tests.helpers import PROJECT_ROOT
+
+    out = tmp_path / "two-trees.json"
+    args = [str(PROJECT_ROOT), "--small", "2", "--large", "6", "--repeats", "1", "--out", str(out)]
+    run_benchmark(tmp_path / "work", "benchmarks.two_trees", *args)
+    data = json.loads(out.read_text())
+    for corpus, clips in (("small", 2), ("large", 6)):
+        row = data[corpus]
+        assert row["clips"] == clips
+        assert [len(row["wall_s"][side]) for side in ("before", "after")] == [1, 1]
+        ratio = row["median_wall_s"]["after"] / row["median_wall_s"]["before"]
+        assert row["after_over_before"] == pytest.approx(ratio, abs=0.001)
