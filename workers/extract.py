@@ -49,17 +49,19 @@ def extract_corpus(
     started = time.monotonic()
     filters = quality or QualityFilter()
     run = CorpusRun(source, out_dir, ops, shard_size, filters, {"input": str(source)}, started)
+    cluster: Cluster
     try:
         check_first_lines(source, settings.max_text_chars)  # before any folder or worker is made
+        if settings.broker_url:
+            cluster = RemoteCluster(settings)
+        else:
+            # Paths only: the local workers may read there (folders, and the listing's URL prefixes).
+            folders, prefixes = corpus_roots(source)
+            cluster = EmbeddedCluster(settings, folders, out_dir, ops, workers, prefixes)
+    except RunError:
+        raise
     except VoxmillError as exc:
         raise RunError(exc.message) from None
-    cluster: Cluster
-    if settings.broker_url:
-        cluster = RemoteCluster(settings)
-    else:
-        # Paths only: the local workers may read there (folders, and the listing's URL prefixes).
-        folders, prefixes = corpus_roots(source)
-        cluster = EmbeddedCluster(settings, folders, out_dir, ops, workers, prefixes)
     queue = CeleryShardQueue(cluster, quiet)
     # The observer names the output in its progress record, as given.
     observer = RunObserver(
