@@ -48,7 +48,8 @@ from pipeline.settings import Settings
 
 
 class CorpusDriver:
-    """Submits the shards of a plan to a cluster and follows them until every shard file exists."""
+    """Sends the shards of a plan to the workers (its `ShardQueue`) and follows them until every
+    shard file exists."""
 
     def __init__(
         self, queue: ShardQueue, planner: Planner, out_dir: RunFolder, hooks: RunHooks, settings: Settings
