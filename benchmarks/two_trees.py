@@ -32,6 +32,14 @@ from benchmarks.extract_run import write_manifest
 HERE = Path(__file__).resolve().parent.parent
 
 
+def commit_of(tree: Path) -> str:
+    """The checkout's commit (short), `+ local changes` when its tracked files differ from it."""
+    git = ["git", "-C", str(tree)]
+    commit = subprocess.run([*git, "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True).stdout
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
+    return (commit.strip() or "unknown") + (" + local changes" if dirty else "")
+
+
 def run_once(tree: Path, manifest: Path, models: Path, out: Path) -> tuple[float, float]:
     """(wall seconds, audio seconds per wall second) of one whole run of `tree`'s code."""
     shutil.rmtree(out, ignore_errors=True)
@@ -74,7 +82,7 @@ def main() -> None:
                 wall_s, rate = run_once(trees[which], manifest, models, work / f"out-{which}")
                 runs[corpus][which].append((wall_s, rate))
                 log(f"{corpus} {which} #{repeat}: {wall_s:.3f} s")
-    result: dict[str, Any] = {"trees": {k: str(v) for k, v in trees.items()}, "load": load_average()}
+    result: dict[str, Any] = {"commits": {k: commit_of(v) for k, v in trees.items()}, "load": load_average()}
     for corpus, by_tree in runs.items():
         medians = {which: statistics.median(w for w, _ in vals) for which, vals in by_tree.items()}
         result[corpus] = {

@@ -205,6 +205,7 @@ def test_two_trees_times_both_checkouts_on_both_corpora(tmp_path: Path) -> None:
     args = [str(PROJECT_ROOT), "--small", "2", "--large", "6", "--repeats", "1", "--out", str(out)]
     run_benchmark(tmp_path / "work", "benchmarks.two_trees", *args)
     data = json.loads(out.read_text())
+    assert data["commits"]["before"] == data["commits"]["after"]  # this checkout, named by its commit
     for corpus, clips in (("small", 2), ("large", 6)):
         row = data[corpus]
         assert row["clips"] == clips
