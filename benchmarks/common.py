@@ -51,15 +51,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def git_commit() -> dict[str, Any]:
-    """HEAD and whether the working tree has changes (read-only git commands)."""
+def git_commit(tree: Path = ROOT) -> dict[str, Any]:
+    """HEAD of the checkout `tree` and whether its working tree has changes (read-only git commands)."""
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=10
+            ["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
+            cwd=tree,
             capture_output=True,
             text=True,
             timeout=10,

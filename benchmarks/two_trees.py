@@ -6,48 +6,44 @@ should not alter speed (a move of code, say) keep whole-run throughput and start
     python -m benchmarks.two_trees /tmp/before --repeats 6 --large 5000
 
 Each checkout runs `python -m workers.cli extract` from its own tree (this environment's
-packages; the checkout's code first on the path), embed with the tiny stand-ins, 2 local workers,
-no broker, on a small corpus (start-up bound: embedded Redis, worker start, model load, planning,
-merge) and a large one (throughput bound), the order of the two swapped every repeat. Prints the
-median wall time of each and writes benchmarks/results/two-trees.json (`--out`).
+packages and the benchmarks' environment, `benchmarks.common.child_env`; the checkout's code on
+the path), embed with the tiny stand-ins, 2 local workers, no broker, on a small corpus (start-up
+bound: embedded Redis, worker start, model load, planning, merge) and a large one (throughput
+bound), the order of the two swapped every repeat. Prints the median wall time of each and writes
+benchmarks/results/two-trees.json (`--out`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, load_average, log
+from benchmarks.common import RESULTS_DIR, child_env, git_commit, load_average, log
 from benchmarks.corpus import WORK_DIR, CorpusRecipe, make_corpus, make_models
-from benchmarks.extract_run import write_manifest
+from benchmarks.extract_run import extract_command, write_manifest
 
 HERE = Path(__file__).resolve().parent.parent
-
-
-def commit_of(tree: Path) -> str:
-    """The checkout's commit (short), `+ local changes` when its tracked files differ from it."""
-    git = ["git", "-C", str(tree)]
-    commit = subprocess.run([*git, "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True).stdout
-    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
-    return (commit.strip() or "unknown") + (" + local changes" if dirty else "")
+OPS = ["embed"]
 
 
 def run_once(tree: Path, manifest: Path, models: Path, out: Path) -> tuple[float, float]:
     """(wall seconds, audio seconds per wall second) of one whole run of `tree`'s code."""
     shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": str(tree), "VOXMILL_CONFIG": "/nonexistent.yaml"}
-    argv = [sys.executable, "-m", "workers.cli", "extract", str(manifest), "--out", str(out)]
-    argv += ["--ops", "embed", "--models", str(models), "--workers", "2", "--quiet"]
+    env = {**child_env(), "PYTHONPATH": str(tree)}
     started = time.perf_counter()
-    subprocess.run(argv, env=env, cwd=tree, check=True, capture_output=True)
+    subprocess.run(
+        extract_command(manifest, out, models, OPS, 2, None),
+        env=env,
+        cwd=tree,
+        check=True,
+        capture_output=True,
+    )
     wall_s = time.perf_counter() - started
     audio_s = float(json.loads((out / "report.json").read_text())["audio_seconds"])
     shutil.rmtree(out, ignore_errors=True)
@@ -82,7 +78,7 @@ def main() -> None:
                 wall_s, rate = run_once(trees[which], manifest, models, work / f"out-{which}")
                 runs[corpus][which].append((wall_s, rate))
                 log(f"{corpus} {which} #{repeat}: {wall_s:.3f} s")
-    result: dict[str, Any] = {"commits": {k: commit_of(v) for k, v in trees.items()}, "load": load_average()}
+    result: dict[str, Any] = {"commits": {k: git_commit(v) for k, v in trees.items()}, "load": load_average()}
     for corpus, by_tree in runs.items():
         medians = {which: statistics.median(w for w, _ in vals) for which, vals in by_tree.items()}
         result[corpus] = {

@@ -161,7 +161,6 @@ class EmbeddedCluster:
             "allowed_roots_file": roots_file,
         }
         self.settings = settings.model_copy(update=update)
-        self.concurrency = workers
         self.workers = LocalWorkers(
             self.settings, workers, queues=list(ops), log_path=out_dir.workers_log(settings.run_state_dir)
         )

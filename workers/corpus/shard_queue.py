@@ -39,8 +39,9 @@ class CeleryShardQueue:
 
     def start(self) -> ReadyWorkers:
         cluster = self.cluster.start()
-        if isinstance(cluster, EmbeddedCluster) and not self.quiet:
-            print(f"extract: starting {cluster.concurrency} local worker(s) on an embedded Redis", flush=True)
+        local = cluster.workers.concurrency if isinstance(cluster, EmbeddedCluster) else None
+        if local is not None and not self.quiet:
+            print(f"extract: starting {local} local worker(s) on an embedded Redis", flush=True)
         import redis
         from kombu.exceptions import OperationalError
 
@@ -53,8 +54,8 @@ class CeleryShardQueue:
         self._app = create_app(settings, polled_results=True)
         self.client = connections.broker_client(settings, socket_timeout=5, socket_connect_timeout=5)
         self._announcements = ResultWakeups(self.client)
-        if isinstance(cluster, EmbeddedCluster):
-            return ReadyWorkers(cluster.concurrency, True)  # its workers hold every model the ops need
+        if local is not None:
+            return ReadyWorkers(local, True)  # its workers hold every model the ops need
         try:
             ready = cluster.ready_workers(self.client) or None
             return ReadyWorkers(ready, all_serve_extract(self._records()))
@@ -124,4 +125,3 @@ def all_serve_extract(records: Sequence[WorkerRecord]) -> bool:
     served = [set(record.queues) for record in records]
     takers = [queues for queues in served if queues & {"tokenize", "embed"}]
     return bool(takers) and all("extract" in queues for queues in takers)
-
