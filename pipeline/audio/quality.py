@@ -65,12 +65,15 @@ def clip_stats(
     duration_s = n / rate_hz
     squares = 0.0
     for start in range(0, n, _CHUNK):
-        chunk = wave[start : start + _CHUNK].astype(np.float64)
-        # Not np.dot: a BLAS call starts a thread per core, which then competes with the other
-        # worker processes' models (each clip took 15x longer in a 2-process run).
-        squares += float(np.square(chunk).sum())
-    peak = float(max(wave.max(), -wave.min())) if n else 0.0
-    clipped = int(np.count_nonzero(wave >= CLIP_LEVEL) + np.count_nonzero(wave <= -CLIP_LEVEL))
+        # Squared in float32, summed in float64 (pairwise): as exact to 0.01 dB as a float64 copy,
+        # at half its cost. Not np.dot: a BLAS call starts a thread per core, which then competes
+        # with the other worker processes' models (each clip took 15x longer in a 2-process run).
+        squares += float(np.square(wave[start : start + _CHUNK]).sum(dtype=np.float64))
+    low, high = (float(wave.min()), float(wave.max())) if n else (0.0, 0.0)
+    peak = max(high, -low)
+    clipped = 0
+    if peak >= CLIP_LEVEL:  # counted only when a sample reaches the level: most clips have none
+        clipped = int(np.count_nonzero(wave >= CLIP_LEVEL) + np.count_nonzero(wave <= -CLIP_LEVEL))
     speech = None if speech_s is None else round(min(float(speech_s), duration_s), 4)
     return {
         "source_rate_hz": source_rate_hz,

@@ -10,6 +10,7 @@ of the model, checked the same way) reads as its URL would have.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import stat
@@ -187,8 +188,15 @@ def _open_regular_file(source: Path | ConfinedPath, limits: AudioLimits) -> Bina
 def _descriptor_path(fd: int) -> Path | None:
     """A name that opens exactly the file behind `fd` (this process's /proc entry, which a
     decoder's subprocess may open too); None where there is no /proc."""
-    name = Path(f"/proc/{os.getpid()}/fd/{fd}")
-    return name if os.path.exists(name) else None
+    folder = _descriptor_folder(os.getpid())  # by pid: a forked worker has its own
+    return None if folder is None else folder / str(fd)
+
+
+@functools.cache
+def _descriptor_folder(pid: int) -> Path | None:
+    """This process's /proc folder of descriptors, looked for once (not once per clip)."""
+    folder = Path(f"/proc/{pid}/fd")
+    return folder if folder.is_dir() else None
 
 
 def _stat(path: Path) -> os.stat_result:
