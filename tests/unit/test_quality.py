@@ -59,6 +59,22 @@ def test_silence_and_nothing_stay_finite() -> None:
     assert empty["duration_s"] == 0.0 and empty["rms_dbfs"] == DBFS_FLOOR and empty["clipped_fraction"] == 0.0
 
 
+def test_levels_equal_a_float64_reference_on_random_clips() -> None:
+    """The squares are summed from float32 products and the clipped samples counted only past the
+    level: on clips of every length and level, some clipped, the columns equal a plain float64
+    computation's."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(1, 60_000))
+        wave = rng.standard_normal(n).astype(np.float32) * np.float32(10 ** rng.uniform(-6, 0.5))
+        wave = np.clip(wave, -1.0, 1.0)
+        exact = wave.astype(np.float64)
+        stats = clip_stats(wave)
+        assert stats["rms_dbfs"] == dbfs(math.sqrt(float(np.mean(exact * exact))))
+        assert stats["peak_dbfs"] == dbfs(float(np.abs(exact).max()))
+        assert stats["clipped_fraction"] == float(np.mean(np.abs(exact) >= CLIP_LEVEL))
+
+
 def test_speech_ratio_and_source_fields() -> None:
     stats = clip_stats(
         np.full(2 * RATE, 0.1, dtype=np.float32),
