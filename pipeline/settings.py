@@ -255,7 +255,7 @@ class Settings(BaseSettings):
         "(`extract --shard-size` fixes it).",
     )
     shard_seconds: float = _f(
-        300.0,
+        600.0,
         "When the listing gives durations, or its first clips are local files whose headers give them: "
         "shards of short clips hold more than shard_size utterances, about this many seconds of audio "
         "(at most 4096 utterances). 0: shard_size always.",
