@@ -211,4 +211,6 @@ def test_two_trees_times_both_checkouts_on_both_corpora(tmp_path: Path) -> None:
         assert row["clips"] == clips
         assert [len(row["wall_s"][side]) for side in ("before", "after")] == [1, 1]
         ratio = row["median_wall_s"]["after"] / row["median_wall_s"]["before"]
-        assert row["after_over_before"] == pytest.approx(ratio, abs=0.001)
+        # The medians are rounded to the millisecond and the ratio to 0.001 (from the medians
+        # before rounding): runs of ~1 s move the recomputed ratio by up to ~0.0015.
+        assert row["after_over_before"] == pytest.approx(ratio, abs=0.002)
