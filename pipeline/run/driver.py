@@ -42,7 +42,7 @@ from pipeline.run.ledger import (
     shards_to_look_at,
     sweep_due,
 )
-from pipeline.run.plan import Planner, PlanReader
+from pipeline.run.plan import Planner, PlanProgress, PlanReader
 from pipeline.run.shard_queue import ShardQueue
 from pipeline.settings import Settings
 
@@ -77,11 +77,13 @@ class CorpusDriver:
         self.hooks.run_started()
         try:
             while not self._all_done():
-                header = self.planner.progress().header
-                if not self.queue.following and header is not None:
-                    self.queue.follow(header.run)  # before looking: no announcement falls in between
+                # One snapshot of the plan per round: its shards are sent only once they are
+                # followed (a later look could find shards planned after the follow was skipped).
+                plan = self.planner.progress()
+                if not self.queue.following and plan.header is not None:
+                    self.queue.follow(plan.header.run)  # before looking: no announcement falls in between
                 try:
-                    self._step(announced)
+                    self._step(announced, plan)
                     self._broker_down_since = None
                 except outage as exc:
                     self._broker_trouble(exc)
@@ -105,7 +107,7 @@ class CorpusDriver:
             self.hooks.message(f"{what} unreachable ({type(exc).__name__}); waiting for it to come back…")
         time.sleep(min(5.0, 0.5 + (now - self._broker_down_since) / 4))
 
-    def _step(self, announced: list[ShardResult]) -> None:
+    def _step(self, announced: list[ShardResult], plan: PlanProgress) -> None:
         error = self.planner.progress().error
         if error is not None:
             raise error
@@ -113,7 +115,7 @@ class CorpusDriver:
         self.queue.check({item.spec.op for item in self.ledger.inflight.values()})
         self._collect(announced)
         window = self._window()
-        while len(self.ledger.inflight) < window and (spec := self._peek()) is not None:
+        while len(self.ledger.inflight) < window and (spec := self._peek(plan)) is not None:
             if self.ledger.done_earlier(spec):
                 self._count_done(spec, None, resumed=True)
             else:
@@ -122,10 +124,10 @@ class CorpusDriver:
             self._consume()
         self._resubmit_late()
 
-    def _peek(self) -> ShardSpec | None:
-        """The plan's next (shard, op), if the planner has written it; None when none is ready."""
+    def _peek(self, plan: PlanProgress) -> ShardSpec | None:
+        """The plan's next (shard, op), if `plan` (this round's snapshot) holds it; None when none
+        is ready."""
         if self._next is None and not self._plan_read:
-            plan = self.planner.progress()
             if not (plan.done or self._taken < plan.planned):
                 return None
             self._next = next(self._specs, None)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,7 +19,9 @@ from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import write_shard
 from pipeline.records import ModelRef, ShardResult, ShardSpec, TaskResult
 from pipeline.run.corpus import CorpusRun, run_corpus
+from pipeline.run.driver import CorpusDriver
 from pipeline.run.hooks import RunHooks
+from pipeline.run.plan import Planner, PlanProgress
 from pipeline.run.shard_queue import ReadyWorkers
 from pipeline.settings import Settings
 
@@ -140,3 +144,45 @@ def test_a_queue_without_consumer_ends_the_run_with_its_code_and_stops_the_worke
         run_corpus(CorpusRun(listing(tmp_path, 4), out, ["tokenize"]), queue, Told(), settings)
     assert raised.value.code == NO_CONSUMER
     assert queue.sent == [] and queue.stopped == [False]
+
+
+class FollowCheckingQueue(InProcessQueue):
+    """Notes every shard sent before the run's announcements were followed: its refusal would
+    be published to no one, and the driver would hear of it only at the shard's deadline."""
+
+    def __init__(self, out_dir: RunFolder) -> None:
+        super().__init__(out_dir)
+        self.sent_unfollowed: list[str] = []
+
+    def submit(self, spec: ShardSpec, attempt: int) -> str:
+        if not self.following:
+            self.sent_unfollowed.append(spec.name)
+        return super().submit(spec, attempt)
+
+
+class PlannerJustBehind:
+    """A finished planner whose first snapshot is from before it wrote its header: the driver's
+    round starts, then the whole plan appears (a tiny corpus planned while the round runs)."""
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+        self.snapshots = 0
+
+    def progress(self) -> PlanProgress:
+        self.snapshots += 1
+        progress = self.planner.progress()
+        return replace(progress, header=None, planned=0, done=False) if self.snapshots == 1 else progress
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.planner, name)
+
+
+def test_no_shard_is_sent_before_its_announcements_are_followed(tmp_path: Path) -> None:
+    out = RunFolder.of(tmp_path / "out")
+    settings = Settings(run_state_dir=tmp_path / "state")
+    planner = Planner(listing(tmp_path, 4), out, ["embed"], 1, settings, 2).start()
+    planner.join()
+    queue = FollowCheckingQueue(out)
+    driver = CorpusDriver(queue, PlannerJustBehind(planner), out, Told(), settings)  # type: ignore[arg-type]
+    driver.run()
+    assert len(queue.sent) == 4 and queue.sent_unfollowed == []
