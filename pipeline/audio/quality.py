@@ -66,8 +66,9 @@ def clip_stats(
     squares = 0.0
     for start in range(0, n, _CHUNK):
         # Squared in float32, summed in float64 (pairwise): the same level to 0.01 dB without a
-        # float64 copy of the clip. Not np.dot: a BLAS call starts a thread per core, which then competes
-        # with the other worker processes' models (each clip took 15x longer in a 2-process run).
+        # float64 copy of the clip. Not np.dot: a BLAS call starts a thread per core, which then
+        # competes with the other worker processes' models (each clip took 15x longer in a
+        # 2-process run).
         squares += float(np.square(wave[start : start + _CHUNK]).sum(dtype=np.float64))
     low, high = (float(wave.min()), float(wave.max())) if n else (0.0, 0.0)
     peak = max(high, -low)

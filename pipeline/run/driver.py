@@ -77,11 +77,11 @@ class CorpusDriver:
         self.hooks.run_started()
         try:
             while not self._all_done():
-                # One snapshot of the plan per round: its shards are sent only once they are
-                # followed (a later look could find shards planned after the follow was skipped).
+                # One snapshot of the plan per round decides both: the run is followed before any
+                # of its shards goes out, so no announcement falls in between.
                 plan = self.planner.progress()
                 if not self.queue.following and plan.header is not None:
-                    self.queue.follow(plan.header.run)  # before looking: no announcement falls in between
+                    self.queue.follow(plan.header.run)
                 try:
                     self._step(announced, plan)
                     self._broker_down_since = None
@@ -108,9 +108,8 @@ class CorpusDriver:
         time.sleep(min(5.0, 0.5 + (now - self._broker_down_since) / 4))
 
     def _step(self, announced: list[ShardResult], plan: PlanProgress) -> None:
-        error = self.planner.progress().error
-        if error is not None:
-            raise error
+        if plan.error is not None:
+            raise plan.error
         # The queues shards wait in: a run stops when every consumer of one is gone for good.
         self.queue.check({item.spec.op for item in self.ledger.inflight.values()})
         self._collect(announced)
