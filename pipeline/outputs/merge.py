@@ -179,6 +179,7 @@ def merge_outputs(
     quality: QualityFilter | None = None,
     ops: Sequence[str] | None = None,
     read_ahead: ReadAhead | None = None,
+    given_up: set[str] | None = None,
 ) -> RunReport:
     """Merge the shard files of `specs` (the plan's, in shard order) into the outputs; `report`
     (the run's own numbers set by the caller) filled in and written as `report.json`.
@@ -198,10 +199,14 @@ def merge_outputs(
     them one after another gives; None (or 1 in flight), and a local folder: one after another.
     The outputs go to a store the same way: written locally, then uploaded `in_flight` at once
     (the report alone, after them).
+
+    `given_up`: the names of the given-up files, when the caller knows them (the driver); None:
+    one listing of `shards/`.
     """
     quality = quality or QualityFilter()
     tally = Tally()
-    given_up = {name for name in out_dir.shard_files() if RunFolder.is_given_up(name)}
+    if given_up is None:
+        given_up = {name for name in out_dir.shard_files() if RunFolder.is_given_up(name)}
     store = out_dir.location
     with contextlib.ExitStack() as stack:
         # In a store, the outputs are written to a local folder first and uploaded together at the

@@ -4,8 +4,9 @@
     thread) -> drive the shards to their files -> stop the workers -> merge
 
 The workers are started as soon as the folder is locked, so they load their models while this
-process plans and submits the first shards. The driver, numpy and Arrow are imported after the
-workers are started (`tests/unit/test_imports.py`).
+process plans and submits the first shards. A store's lock settles (`pipeline.run.lock`) while
+the planner reads the listing: nothing is written, and no shard sent, before it has. The
+driver, numpy and Arrow are imported after the workers are started (`tests/unit/test_imports.py`).
 """
 
 from __future__ import annotations
@@ -59,8 +60,12 @@ def run_corpus(run: CorpusRun, queue: ShardQueue, hooks: RunHooks, settings: Set
         ready = queue.start()
         tasks = task_ops(run.ops, ready.serve_extract)
         size = run.shard_size
-        planner = Planner(run.source, run.out_dir, run.ops, size, settings, ready.processes, tasks)
-        return _drive_and_merge(run, queue, planner.start(), hooks, settings, started)
+        planner = Planner(
+            run.source, run.out_dir, run.ops, size, settings, ready.processes, tasks, lock.settle
+        )
+        planner.start()  # it reads the listing while the lock settles, and writes once it is sure
+        lock.settle()  # before any shard is sent
+        return _drive_and_merge(run, queue, planner, hooks, settings, started)
     except RunError:  # as it is: its code may be more telling (`no_consumer`)
         raise
     except VoxmillError as exc:  # an op or shard size refused before anything ran; a merge's error
@@ -102,7 +107,8 @@ def _drive_and_merge(
     reader = PlanReader(run.out_dir, planner)  # done: its header and chunks known, nothing to look up
     specs, asked = reader.specs(), reader.header().ops
     buffer_rows = settings.merge_buffer_rows
-    return merge_outputs(run.out_dir, specs, report, buffer_rows, run.quality, asked, read_ahead)
+    given_up = ledger.given_up_files()
+    return merge_outputs(run.out_dir, specs, report, buffer_rows, run.quality, asked, read_ahead, given_up)
 
 
 def merged_report(out_dir: RunFolder, fingerprint: str) -> RunReport | None:

@@ -71,7 +71,9 @@ class CorpusDriver:
 
     def run(self) -> None:
         """Until every shard file exists: keep a window of shards in flight, resubmit late ones."""
-        self.ledger.scan_finished()
+        # Only a resumed plan has shards done (files a plan that is gone left are not its shards).
+        if self.planner.resumed:
+            self.ledger.scan_finished()
         announced: list[ShardResult] = []
         outage: tuple[type[Exception], ...] = (*self.queue.outage, OSError)
         self.hooks.run_started()
@@ -175,9 +177,10 @@ class CorpusDriver:
             list(ledger.inflight), set(reported), local, budget, ledger.look_cursor, sweep
         )
         ledger.swept_at = now if sweep else ledger.swept_at
+        found = ledger.existing([ledger.inflight[name].spec for name in names])
         for name in names:
             item = ledger.inflight[name]
-            if ledger.exists(item.spec):
+            if name in found:
                 del self.ledger.inflight[name]
                 self.ledger.durations_s.append(time.monotonic() - item.submitted)
                 heard = reported.get(name)
@@ -234,6 +237,7 @@ class CorpusDriver:
             raise RunError(f"{message}, and its given-up file cannot be written: {exc.message}") from None
         del self.ledger.inflight[spec.name]
         self.ledger.given_up += 1
+        self.ledger.given_up_now.add(RunFolder.given_up_file(spec.op, spec.shard))
         self.hooks.message(f"{message}: its utterances are {code} failures in errors.jsonl")
         failed = len(spec.utts) or 1  # a tar shard: one row, the tar
         self._count_done(spec, ShardResult(spec.shard, spec.op, str(path), 0, failed, 0.0, 0.0), path)

@@ -21,6 +21,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +78,7 @@ class Ledger:
     done_now: int = 0
     resubmitted: int = 0
     given_up: int = 0
+    given_up_now: set[str] = field(default_factory=set)  # the given-up files this run wrote
     look_cursor: int = 0  # where the next sweep's looks at unannounced shards start (object store)
     swept_at: float = field(default_factory=time.monotonic)  # the last sweep (object store)
     out: OutputLocation = field(init=False)
@@ -95,9 +97,24 @@ class Ledger:
             return ref.is_file()
         return self.out.exists(self.out_dir.shard_file(spec.op, spec.shard))
 
+    def existing(self, specs: Sequence[ShardSpec]) -> set[str]:
+        """The names of the shards of `specs` whose files are written; in a store, each a HEAD, up
+        to `STORE_LOOKS_PER_ROUND` at once (a round's looks cost one round trip, not one each)."""
+        if self.out.is_local or len(specs) < 2:
+            return {spec.name for spec in specs if self.exists(spec)}
+        threads = min(len(specs), STORE_LOOKS_PER_ROUND)
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="voxmill-look") as pool:
+            found = list(pool.map(self.exists, specs))
+        return {spec.name for spec, there in zip(specs, found, strict=True) if there}
+
     def scan_finished(self) -> None:
         """The shard files already there (a resumed run): one listing of the folder."""
         self.done_before = self.out_dir.shard_files()
+
+    def given_up_files(self) -> set[str]:
+        """The names of the plan's given-up files: those found at start and those written since
+        (what a listing of `shards/` would find, without the request)."""
+        return {name for name in self.done_before if RunFolder.is_given_up(name)} | self.given_up_now
 
     def earlier_tally(self, spec: ShardSpec) -> tuple[int, int, float] | None:
         """(ok, failed, audio seconds) of a shard an earlier run did, from its file (or its given-up

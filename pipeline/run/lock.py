@@ -5,8 +5,11 @@ flock: the run holds `flock` on a local state folder (`RunFolder.local_state` in
 one per output URL: two runs on one machine) and a marker object `DIR/.lock.json` (host, pid, a
 token, refreshed every `LOCK_REFRESH_S`): a run finding another's marker fresher than
 `LOCK_STALE_S` (or of a live pid on this host) refuses to start. A store has no compare-and-swap
-here, so two runs started on two machines within the same second may both go on; their shards
-are idempotent, so the cost is duplicate work, not wrong outputs.
+here: after writing its marker a run looks once more, `SETTLE_S` later, and a racing run that
+wrote after it wins (`settle`). The run reads meanwhile but writes nothing and sends no shard
+until it is settled. Two runs may both go on only when one paused longer than that between its
+first look and its write; their shards are idempotent, so the cost is duplicate work, not wrong
+outputs.
 """
 
 from __future__ import annotations
@@ -26,20 +29,35 @@ from pipeline.outputs.folder import RunFolder
 
 LOCK_REFRESH_S = 20.0
 LOCK_STALE_S = 90.0  # a marker not refreshed for this long belongs to a run that is gone
+SETTLE_S = 0.2  # from writing the marker to looking at it again: a racing run's write lands first
 
 
-def lock_output(out_dir: RunFolder, state_dir: Path) -> IO[str] | StoreLock:
-    """Hold an exclusive lock on the output folder for the life of the run (`close()` frees it).
-    An object-store output is locked in its local state folder under `state_dir` and by a marker
-    object (module docstring). `RunError` when another run holds it, or the folder cannot be one."""
+def lock_output(out_dir: RunFolder, state_dir: Path) -> LocalLock | StoreLock:
+    """Hold an exclusive lock on the output folder for the life of the run (`close()` frees it;
+    `settle()` before the run writes). An object-store output is locked in its local state folder
+    under `state_dir` and by a marker object (module docstring). `RunError` when another run holds
+    it, or the folder cannot be one."""
     try:
         lock = out_dir.lock_file(state_dir)
         if not out_dir.is_local:
             return StoreLock(out_dir, lock).acquire()
         lock.parent.mkdir(parents=True, exist_ok=True)
-        return _flock(lock, f"another `voxmill extract` is running on {out_dir.display()}")
+        return LocalLock(_flock(lock, f"another `voxmill extract` is running on {out_dir.display()}"))
     except OSError as exc:
         raise RunError(unusable_output(out_dir, exc)) from None
+
+
+class LocalLock:
+    """The `flock` of a local output folder: sure once taken."""
+
+    def __init__(self, handle: IO[str]) -> None:
+        self.handle = handle
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.handle.close()
 
 
 def unusable_output(out_dir: RunFolder, exc: OSError) -> str:
@@ -74,6 +92,9 @@ class StoreLock:
         self.lock_file = lock_file  # in the run's local state folder
         self.token = secrets.token_hex(8)
         self._local: IO[str] | None = None
+        self._written_at = 0.0  # when the marker was written (monotonic)
+        self._settling = threading.Lock()
+        self._settled: RunError | bool = False  # True, or why the lock was lost
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh, name="voxmill-store-lock", daemon=True)
 
@@ -97,8 +118,7 @@ class StoreLock:
             from pipeline.outputs.writers import write_text_at
 
             write_text_at(self.out, RunFolder.STORE_LOCK, self._record())
-            time.sleep(0.2)  # a racing run that wrote after us wins: look once more
-            self._check_marker()
+            self._written_at = time.monotonic()
         except VoxmillError as exc:
             self.close()
             raise RunError(f"cannot lock the output {target}: {exc.message}") from None
@@ -107,6 +127,24 @@ class StoreLock:
             raise
         self._thread.start()
         return self
+
+    def settle(self) -> None:
+        """Once `SETTLE_S` after the marker was written, look at it again: `RunError` when a racing
+        run wrote after it (that run wins). Any thread may ask; the first looks, the others wait
+        for its answer."""
+        with self._settling:
+            if self._settled is False:
+                time.sleep(max(0.0, self._written_at + SETTLE_S - time.monotonic()))
+                try:
+                    self._check_marker()
+                    self._settled = True
+                except VoxmillError as exc:
+                    where = self.out_dir.display()
+                    self._settled = RunError(f"cannot lock the output {where}: {exc.message}")
+                except RunError as exc:
+                    self._settled = exc
+            if isinstance(self._settled, RunError):
+                raise self._settled
 
     def _marker(self) -> dict[str, Any] | None:
         """The marker object, if there is one that reads as a marker (one GET)."""

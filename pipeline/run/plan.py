@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +174,7 @@ class Planner:
         settings: Settings,
         workers: int | None,
         tasks: Sequence[str] | None = None,
+        before_writing: Callable[[], None] = lambda: None,
     ) -> None:
         requested = shard_size or settings.shard_size
         check_ops(ops, requested)
@@ -189,6 +190,7 @@ class Planner:
         self.reads_in_flight = settings.reads_in_flight
         self.max_text_chars = settings.max_text_chars
         self.workers = workers
+        self.before_writing = before_writing  # called before each write: the output's lock is sure
         self.header: PlanHeader | None = self._existing_header()
         self.resumed = self.header is not None  # else no chunk or complete.json to look for
         self.planned = 0  # shards whose chunk is on disk
@@ -198,16 +200,20 @@ class Planner:
         self.done = False
         self.error: RunError | None = None
         self._buffered: list[Utterance] = []  # read ahead to choose the shard size
+        # The last chunk written, as (number, its shards): the driver takes the first shards, and
+        # the merge a small plan, without reading back what was just written (a GET in a store).
+        self._latest: tuple[int, list[tuple[int, list[Utterance]]]] | None = None
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._plan, name="voxmill-planner", daemon=True)
 
     def _existing_header(self) -> PlanHeader | None:
-        if self.out.exists(RunFolder.OLD_PLAN):
+        found = self.out.entries("")  # one listing (a request in a store) says whether to look further
+        if RunFolder.OLD_PLAN in found:
             raise RunError(
                 f"{self.out_dir.display()} holds a run of an earlier voxmill (plan.json); finish it with "
                 "that version, or delete the folder to start over"
             )
-        if not self.out.exists(RunFolder.PLAN_HEADER):
+        if f"{RunFolder.PLAN}/" not in found or not self.out.exists(RunFolder.PLAN_HEADER):
             return None
         header = PlanHeader.from_dict(json.loads(self.out.read_bytes(RunFolder.PLAN_HEADER)))
         if header.ops != self.requested_ops or header.requested_shard_size != self.requested:
@@ -226,6 +232,12 @@ class Planner:
 
     def join(self) -> None:
         self._thread.join()
+
+    def latest_chunk(self, number: int) -> list[tuple[int, list[Utterance]]] | None:
+        """The (shard, utterances) of chunk `number` when it is the last one written; else None."""
+        with self._changed:
+            latest = self._latest
+        return latest[1] if latest is not None and latest[0] == number else None
 
     def progress(self) -> PlanProgress:
         """What the plan holds now, as a snapshot (the planning thread goes on changing this)."""
@@ -337,6 +349,7 @@ class Planner:
         )
         from pipeline.outputs.writers import write_text_at
 
+        self.before_writing()
         write_text_at(self.out, RunFolder.PLAN_HEADER, json.dumps(header.to_dict(), indent=1) + "\n")
         self.header = header
         return header
@@ -368,13 +381,16 @@ class Planner:
         digests = [shard_digest(utts) for utts in shards]
         for digest in digests:
             fingerprint.update(digest.encode())
-        name = RunFolder.chunk_file(first // header.shards_per_chunk)
+        number = first // header.shards_per_chunk
+        name = RunFolder.chunk_file(number)
         if self.resumed and self.out.exists(name):
             if read_chunk_digests(self.out, name) != digests:
                 raise different_run(self.out_dir)
         else:
+            self.before_writing()
             write_chunk(self.out, name, first, shards, digests)
         with self._changed:
+            self._latest = (number, [(first + i, utts) for i, utts in enumerate(shards)])
             self.planned = first + len(shards)
             self._changed.notify_all()
 
@@ -397,6 +413,7 @@ class Planner:
                 raise different_run(self.out_dir)
             if found.get("listing_digest") == listing_digest:
                 return
+        self.before_writing()
         write_text_at(self.out, RunFolder.PLAN_COMPLETE, json.dumps(record, indent=1) + "\n")
 
 
@@ -478,7 +495,8 @@ def read_chunk(out: OutputLocation, name: str) -> Iterator[tuple[int, list[Utter
 
 class PlanReader:
     """The shards of a plan in shard order, read chunk by chunk (one chunk in memory at a time);
-    with a running `Planner`, it waits at the frontier for the next chunk."""
+    with a running `Planner`, it waits at the frontier for the next chunk, and takes the last one
+    written from it."""
 
     def __init__(self, out_dir: RunFolder, planner: Planner | None = None) -> None:
         self.out_dir = out_dir
@@ -498,12 +516,14 @@ class PlanReader:
                 if self.planner.error is not None:
                     raise self.planner.error
             name = RunFolder.chunk_file(number)
+            held = None
             if self.planner is not None:  # it knows which chunks are written: no request to look
                 if self.planner.planned <= number * per_chunk:
                     return
+                held = self.planner.latest_chunk(number)
             elif not self.out.exists(name):
                 return
-            yield from read_chunk(self.out, name)
+            yield from read_chunk(self.out, name) if held is None else held
             number += 1
 
     def specs(self) -> Iterator[ShardSpec]:

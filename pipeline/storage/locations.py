@@ -52,6 +52,13 @@ class LocalFolder:
         except (FileNotFoundError, NotADirectoryError):
             return set()
 
+    def entries(self, folder: str) -> set[str]:
+        try:
+            with os.scandir(self.root / folder) as entries:
+                return {f"{e.name}/" if e.is_dir() else e.name for e in entries}
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+
     def writer(self, name: str) -> contextlib.AbstractContextManager[IO[bytes]]:
         return atomic_file(self.root / name)
 
@@ -82,6 +89,9 @@ class ObjectFolder:
 
     def names(self, folder: str) -> set[str]:
         return set(list_url(self.ref(folder)))
+
+    def entries(self, folder: str) -> set[str]:
+        return set(list_url(self.ref(folder), folders=True))
 
     @contextlib.contextmanager
     def writer(self, name: str) -> Iterator[IO[bytes]]:
@@ -134,7 +144,8 @@ class ObjectFolder:
 
 # A run's output folder: names inside it are '/'-separated and relative. Both kinds answer
 # ref (a Path, or a URL string), display, exists, read_bytes, names (a sub-folder's file names,
-# one listing call), writer (complete or absent) and delete.
+# one listing call), entries (its files and, ending in '/', its folders: one listing call), writer
+# (complete or absent) and delete.
 OutputLocation = LocalFolder | ObjectFolder
 
 

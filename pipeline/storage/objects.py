@@ -390,8 +390,9 @@ def open_url(url: str, size: int | None = None) -> BinaryIO:
     return stream
 
 
-def list_url(url: str) -> list[str]:
-    """The names of the objects directly below a prefix, sorted (one listing call)."""
+def list_url(url: str, folders: bool = False) -> list[str]:
+    """The names of the objects directly below a prefix, sorted (one listing call); with
+    `folders`, those of the prefixes below it too, each ending in '/'."""
     fs, parsed = _fs(url)
 
     def names() -> list[str]:
@@ -399,9 +400,14 @@ def list_url(url: str) -> list[str]:
             entries = fs.ls(parsed.fs_path, detail=True)
         except FileNotFoundError:
             return []
-        return sorted(
-            posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") != "directory"
-        )
+        found = []
+        for entry in entries:
+            name = posixpath.basename(entry["name"].rstrip("/"))
+            if entry.get("type") != "directory":
+                found.append(name)
+            elif folders:
+                found.append(f"{name}/")
+        return sorted(found)
 
     return with_retries(names, str(parsed), "cannot list")
 

@@ -40,12 +40,15 @@ import pytest
 from benchmarks.delay_proxy import DelayProxy
 from pipeline.audio.decode import load_audio
 from pipeline.audio.sources import prefetch_clips
-from pipeline.errors import NOT_FOUND, STORE_ERROR, TOO_LARGE, ErrorRecord, VoxmillError
+from pipeline.errors import NOT_FOUND, STORE_ERROR, TOO_LARGE, ErrorRecord, RunError, VoxmillError
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
 from pipeline.outputs.report import RunReport
-from pipeline.outputs.writers import read_shard, write_shard
+from pipeline.outputs.writers import read_shard, write_shard, write_text_at
 from pipeline.records import ShardSpec, TaskResult, Utterance
+from pipeline.run.ledger import Ledger
+from pipeline.run.lock import lock_output
+from pipeline.run.plan import Planner
 from pipeline.settings import AudioLimits, Settings
 from pipeline.storage import objects, urls
 from pipeline.storage.prefetch import ReadAhead
@@ -161,6 +164,36 @@ def test_the_storage_layer_on_a_real_s3_api(
     assert down.value.code == STORE_ERROR and time.monotonic() - started < 30
     assert "s3://layer/audio/chirp.wav" in down.value.message
     assert SECRET not in down.value.message and KEY_ID not in down.value.message
+
+
+# --------------------------------------------------------------------------- the lock of a store
+
+
+def test_a_store_lock_refuses_a_live_run_and_a_run_that_loses_a_race_writes_nothing(
+    s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    folder = RunFolder.of(f"{_bucket('locks')}/run")
+    held = lock_output(folder, tmp_path / "state")
+    held.settle()  # no run raced it
+    with pytest.raises(RunError, match=r"another `voxmill extract` \(host .*\) holds s3://locks/run/.lock.json"):
+        lock_output(folder, tmp_path / "elsewhere")  # another machine's run: a state folder of its own
+    held.close()
+    assert not folder.location.exists(RunFolder.STORE_LOCK)  # freed: the marker is gone
+
+    # A run that looked before this one's marker was written writes its own before this one settles.
+    late = lock_output(folder, tmp_path / "state")
+    racer = {"host": "racer", "pid": 7, "token": "theirs", "refreshed": time.time()}
+    write_text_at(folder.location, RunFolder.STORE_LOCK, json.dumps(racer))
+    listing = tmp_path / "wav.scp"
+    listing.write_text("a /data/a.wav\n")
+    planner = Planner(listing, folder, ["embed"], 4, Settings(), 1, before_writing=late.settle).start()
+    planner.join()  # it read the listing, then waited for the lock before its first write
+    assert planner.error is not None and "host racer, pid 7" in planner.error.message
+    with pytest.raises(RunError, match="host racer, pid 7"):
+        late.settle()  # what the driver asks before it sends a shard: the same answer
+    late.close()
+    assert folder.location.entries("") == {".lock.json"}  # no plan written, and the racer's marker kept
+    assert json.loads(folder.location.read_bytes(RunFolder.STORE_LOCK))["token"] == "theirs"
 
 
 # --------------------------------------------------------------------------- no shared disk
@@ -472,6 +505,23 @@ def test_the_merge_reads_shard_objects_ahead_as_a_serial_merge_does(
     assert most_open[7, 4] >= 2 and most_open[65536, 4] >= 2
     merge_outputs(local, specs, RunReport(), read_ahead=ReadAhead(in_flight=4))
     assert read_outputs(_download(out, tmp_path / "copy")) == read_outputs(tmp_path / "local")
+
+
+def test_the_driver_looks_for_the_shard_objects_of_a_round_at_once(
+    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = RunFolder.of(f"{_bucket('looks')}/run")
+    specs = write_run(folder, shards=4)  # shard 2's embed file is a given-up one: no shard file
+    never = ShardSpec(shard=9, op="embed", out_dir=folder.name, utts=specs[0].utts)
+    moto_port = int(s3_env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    with _CountingProxy(moto_port, delay_ms=20) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        objects._FILESYSTEMS.clear()
+        found = Ledger(folder).existing([*specs, never])
+    objects._FILESYSTEMS.clear()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
+    assert found == {s.name for s in specs} - {"embed-000002"}
+    assert proxy.most_open >= 2  # looked at together: a round trip for the round, not one a shard
 
 
 def test_a_missing_or_bad_shard_object_stops_a_merge_read_ahead_as_a_serial_one(

@@ -17,7 +17,7 @@ import pytest
 from pipeline.errors import NO_CONSUMER, RunError
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import write_shard
-from pipeline.records import ModelRef, ShardResult, ShardSpec, TaskResult
+from pipeline.records import ModelRef, ShardResult, ShardSpec, TaskResult, Utterance
 from pipeline.run.corpus import CorpusRun, run_corpus
 from pipeline.run.driver import CorpusDriver
 from pipeline.run.hooks import RunHooks
@@ -134,6 +134,23 @@ def test_a_shard_whose_task_was_lost_is_sent_again_once_late(tmp_path: Path) -> 
     assert queue.sent == [("embed-000000", 1), ("embed-000001", 1), ("embed-000001", 2)]
     assert hooks.moments == ["started", "again embed-000001", "ended"]
     assert report.resubmitted_shards == 1 and report.ops["embed"].ok == 8
+
+
+def test_a_new_plan_does_every_shard_and_a_resumed_one_only_those_not_done(tmp_path: Path) -> None:
+    out = RunFolder.of(tmp_path / "out")
+    settings = Settings(run_state_dir=tmp_path / "state")
+    # A shard file left by a plan that is gone (deleted by hand) is not a shard of a new plan.
+    stale = [TaskResult("x", "embed", embedding=[9.0, 9.0], audio_seconds=1.0, models=EMBEDDER)]
+    write_shard(out, ShardSpec(1, "embed", str(tmp_path / "out"), [Utterance("x", "/x.wav")]), stale)
+    queue = InProcessQueue(out)
+    run = CorpusRun(listing(tmp_path, 8), out, ["embed"], shard_size=4)
+    assert run_corpus(run, queue, Told(), settings).ops["embed"].ok == 8
+    assert sorted(queue.sent) == [("embed-000000", 1), ("embed-000001", 1)]  # the stale one rewritten
+    (tmp_path / "out" / "report.json").unlink()  # a run stopped before its merge: resumed
+    (tmp_path / "out" / "shards" / "embed-000000.parquet").unlink()
+    queue = InProcessQueue(out)
+    assert run_corpus(run, queue, Told(), settings).ops["embed"].ok == 8
+    assert queue.sent == [("embed-000000", 1)]  # the shard done before is not sent again
 
 
 def test_a_queue_without_consumer_ends_the_run_with_its_code_and_stops_the_workers(tmp_path: Path) -> None:

@@ -109,6 +109,34 @@ def test_a_large_listing_is_cut_in_listing_order_across_chunks(tmp_path: Path) -
     assert len(list((out / "plan").glob("chunk-*.parquet"))) == 3
 
 
+def test_a_reader_takes_the_last_chunk_its_planner_wrote_from_it_and_the_others_from_the_plan(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    planner = plan_for(manifest(tmp_path, 20_000), out, ["embed"], 0, Settings(shard_size=32), workers=2)
+    from_plan = list(PlanReader(RunFolder.of(out)).specs())
+    (out / "plan" / "chunk-000002.parquet").unlink()  # the last of 3: its planner still holds it
+    assert list(PlanReader(RunFolder.of(out), planner).specs()) == from_plan
+    (out / "plan" / "chunk-000001.parquet").unlink()
+    with pytest.raises(OSError):
+        list(PlanReader(RunFolder.of(out), planner).specs())  # any other chunk is read from the plan
+
+
+def test_a_plan_of_an_earlier_voxmill_is_refused_and_a_plan_folder_without_header_is_no_plan(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    (out / "plan").mkdir(parents=True)
+    planner = plan_for(manifest(tmp_path, 10), out, ["embed"], 4, Settings(), workers=None)
+    assert not planner.resumed and shard_sizes(out) == [4, 4, 2]
+    assert plan_for(manifest(tmp_path, 10), out, ["embed"], 4, Settings(), workers=None).resumed
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "plan.json").write_text("{}")
+    with pytest.raises(RunError, match=r"holds a run of an earlier voxmill \(plan.json\)"):
+        Planner(manifest(tmp_path, 10), RunFolder.of(old), ["embed"], 4, Settings(), None)
+
+
 def test_a_different_corpus_in_the_same_folder_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     settings = Settings(shard_size=4)
