@@ -338,6 +338,28 @@ def timed_child(
     return ChildRun(elapsed, cpu_s, done, sampler)
 
 
+def s3_server(port: int, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
+    """moto's S3 server in a process of its own on 127.0.0.1:`port`, once it accepts connections
+    (the caller terminates it): a store that shares no interpreter with the benchmark."""
+    import socket
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"moto's S3 server did not start on port {port}") from None
+            time.sleep(0.1)
+
+
 def log(message: str) -> None:
     """Progress on stderr, with the load average (the noise other users add)."""
     load = load_average()[0]

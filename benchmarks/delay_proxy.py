@@ -12,12 +12,18 @@ runs. One asyncio loop in a thread of its own; HTTP/1.1 clients send one request
 connection (no pipelining), which is all it assumes.
 
     python -m benchmarks.delay_proxy PORT [--delay-ms N]   # one in a process of its own
+
+`ProxyProcess` runs one in a process of its own and tells it its delay over a pipe: a benchmark
+whose own process runs voxmill's driver then shares no interpreter with the proxy, as with a
+remote store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import threading
 from types import TracebackType
 
@@ -209,19 +215,77 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, leng
             left -= len(data)
 
 
+class ProxyProcess:
+    """A `DelayProxy` in a process of its own (`python -m benchmarks.delay_proxy PORT --control`),
+    with the same `url`, `delay_ms` (settable) and `requests`, each a line over its pipes."""
+
+    def __init__(self, upstream_port: int, delay_ms: float = 0.0) -> None:
+        command = [sys.executable, "-m", "benchmarks.delay_proxy", str(upstream_port), "--control"]
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        self.port = int(self._answer())
+        self._delay_ms = 0.0
+        self.delay_ms = delay_ms
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def delay_ms(self) -> float:
+        return self._delay_ms
+
+    @delay_ms.setter
+    def delay_ms(self, value: float) -> None:
+        self._ask(f"delay {value}")
+        self._delay_ms = value
+
+    @property
+    def requests(self) -> int:
+        return int(self._ask("requests"))
+
+    def _ask(self, line: str) -> str:
+        assert self._process.stdin is not None
+        self._process.stdin.write(line + "\n")
+        return self._answer()
+
+    def _answer(self) -> str:
+        assert self._process.stdout is not None
+        answer = self._process.stdout.readline().strip()
+        if not answer:
+            raise RuntimeError(f"the delay proxy exited ({self._process.poll()})")
+        return answer
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait(timeout=10)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m benchmarks.delay_proxy UPSTREAM_PORT [--delay-ms N]`: prints its port, serves
-    until it is killed (a proxy in a process of its own, whose CPU a benchmark does not count)."""
+    """`python -m benchmarks.delay_proxy UPSTREAM_PORT [--delay-ms N] [--control]`: prints its
+    port, serves until it is killed (a proxy in a process of its own, whose CPU a benchmark does
+    not count); with `--control`, until its input ends, answering each line of it: `delay N` (the
+    new delay: "ok") or `requests` (how many were forwarded)."""
     import argparse
     import signal
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("upstream_port", type=int)
     parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--control", action="store_true", help="told its delay on its input")
     args = parser.parse_args(argv)
     with DelayProxy(args.upstream_port, args.delay_ms) as proxy:
         print(proxy.port, flush=True)
-        signal.pause()
+        if not args.control:
+            signal.pause()
+        for line in sys.stdin:
+            command, *value = line.split()
+            if command == "delay":
+                proxy.delay_ms = float(value[0])
+                print("ok", flush=True)
+            elif command == "requests":
+                print(proxy.requests, flush=True)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, load_average, log, write_result
+from benchmarks.common import RESULTS_DIR, load_average, log, s3_server, write_result
+from benchmarks.delay_proxy import ProxyProcess
 
 BUCKET = "get-cpu"
 SHARD = 32  # objects per shard task, as a corpus of short clips without durations is cut at first
@@ -71,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from workers.embedded import free_port
 
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = s3_server(port)
     endpoint = f"http://127.0.0.1:{port}"
     os.environ.update(
         AWS_ENDPOINT_URL=endpoint,
@@ -83,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         AWS_SECRET_ACCESS_KEY="bench",
         AWS_DEFAULT_REGION="us-east-1",
     )
-    proxy: subprocess.Popen[str] | None = None
+    proxy: ProxyProcess | None = None
     try:
         import botocore.session
 
@@ -102,11 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         keys = [f"o{n:05d}" for n in range(args.objects)]
         for key in keys:
             client.put_object(Bucket=BUCKET, Key=key, Body=os.urandom(args.kb * 1024))
-        proxy = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.delay_proxy", str(port)], stdout=subprocess.PIPE, text=True
-        )
-        assert proxy.stdout is not None
-        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.stdout.readline().strip()}"
+        proxy = ProxyProcess(port)
+        os.environ["AWS_ENDPOINT_URL"] = proxy.url
         client = botocore.session.get_session().create_client("s3")
         readers: dict[str, Callable[[list[str]], None]] = {
             "voxmill": _one_by_one(lambda key: objects.read_url(f"s3://{BUCKET}/{key}")),
@@ -126,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         assert direct is not None and direct.usable(BUCKET), "voxmill's reads went to the SDK"
     finally:
         if proxy is not None:
-            proxy.terminate()
-            proxy.wait(timeout=10)
+            proxy.stop()
         server.terminate()
         server.wait(timeout=10)
     medians = {name: statistics.median(values) for name, values in runs.items()}

@@ -27,8 +27,10 @@ measured with the same workers. Writes benchmarks/results/latency_outputs.json
 Reported per variant: audio seconds per wall second (median of the repeats), its ratio to local
 disk (measured back to back with the same workers) and to the same variant at +0 ms, the wall time
 each clip adds per worker process over local disk, and the workers' CPU per clip (the difference
-to local disk is the CPU one GET costs). The S3 server and the proxy run in this process, on the
-same cores as the workers (the difference also holds what sharing them costs: caches, wake-ups).
+to local disk is the CPU one GET costs). The S3 server and the proxy run in processes of their
+own (`benchmarks.common.s3_server`, `benchmarks.delay_proxy.ProxyProcess`): the driver, in this
+process, shares no interpreter with them, as with a remote store; they share the cores with the
+workers (the difference also holds what sharing them costs: caches, wake-ups).
 Writes benchmarks/results/latency.json.
 """
 
@@ -49,9 +51,9 @@ from typing import Any
 
 import psutil
 
-from benchmarks.common import RESULTS_DIR, load_average, log, write_result
+from benchmarks.common import RESULTS_DIR, load_average, log, s3_server, write_result
 from benchmarks.corpus import Clip, CorpusRecipe, make_corpus, make_models
-from benchmarks.delay_proxy import DelayProxy
+from benchmarks.delay_proxy import ProxyProcess
 
 BUCKET = "latency"
 OUT_BUCKET = "latency-out"
@@ -107,7 +109,7 @@ def _variant_table(runs: dict[str, list[dict[str, Any]]], clips: int) -> dict[st
 def _rounds(
     settings: Any,
     workers_pid: int,
-    proxy: DelayProxy,
+    proxy: ProxyProcess,
     manifests: dict[str, Path],
     variants: list[str],
     repeats: int,
@@ -166,7 +168,7 @@ def _setup(
 
 
 @contextlib.contextmanager
-def _timed_merges(proxy: DelayProxy) -> Iterator[list[tuple[float, int]]]:
+def _timed_merges(proxy: ProxyProcess) -> Iterator[list[tuple[float, int]]]:
     """(seconds, requests through `proxy`) of each merge meanwhile (the workers are idle then;
     `run_corpus` imports `merge_outputs` when it merges)."""
     from pipeline.outputs import merge as merge_module
@@ -198,7 +200,7 @@ def _output_variants(delays: list[float], serial_merge: bool) -> list[tuple[str,
 
 def _output_rounds(
     settings: Any,
-    proxy: DelayProxy,
+    proxy: ProxyProcess,
     manifest: Path,
     variants: list[tuple[str, float]],
     repeats: int,
@@ -252,7 +254,7 @@ def _output_table(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 UPLOADS = {"uploads behind": None, "uploads in the task": 0}  # None: the default `uploads_behind`
 
 
-def _outputs_benchmark(args: argparse.Namespace, delays: list[float], proxy: DelayProxy, work: Path) -> int:
+def _outputs_benchmark(args: argparse.Namespace, delays: list[float], proxy: ProxyProcess, work: Path) -> int:
     """`--outputs`: local short clips, outputs local and in the bucket (module docstring)."""
     from pipeline.settings import Settings
     from pipeline.storage import objects
@@ -316,20 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     delays = [float(d) for d in args.delays.split(",")]
 
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
     from pipeline.settings import Settings
     from pipeline.storage import objects
     from workers.embedded import EmbeddedRedis, LocalWorkers, free_port
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     work = Path(tempfile.mkdtemp(prefix="voxmill-bench-latency-"))
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    proxy = DelayProxy(port).start()
+    server = s3_server(port)
+    proxy = ProxyProcess(port)
     os.environ.update(
         AWS_ENDPOINT_URL=proxy.url,  # the workers (started below) inherit it
         AWS_ACCESS_KEY_ID="bench",
@@ -341,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             return _outputs_benchmark(args, delays, proxy, work)
         finally:
             proxy.stop()
-            server.stop()
+            server.terminate()
             shutil.rmtree(work, ignore_errors=True)
     clips = make_corpus(CorpusRecipe("latency", args.clips, 1.0, 3.0, distribution="uniform"))
     models = make_models(args.models)
@@ -397,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         redis_server.stop()
         proxy.stop()
-        server.stop()
+        server.terminate()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -1,6 +1,7 @@
 """The benchmarks' latency knob (`benchmarks.delay_proxy`) against a real HTTP server on loopback
 that closes every connection, as moto's does: each answer held until the delay after its request,
-the client's connection kept for the next request as a store keeps it, a dropped request reset."""
+the client's connection kept for the next request as a store keeps it, a dropped request reset;
+and a proxy in a process of its own, told its delay over a pipe."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.delay_proxy import DelayProxy
+from benchmarks.delay_proxy import DelayProxy, ProxyProcess
 
 
 class _Closing(BaseHTTPRequestHandler):
@@ -89,3 +90,21 @@ def test_a_dropped_request_is_reset_unanswered(upstream: ThreadingHTTPServer) ->
         client.request("GET", "/a.wav")  # a new connection is answered
         assert client.getresponse().read() == b"/a.wav"
         assert proxy.dropped == 1 and upstream.connections == 1  # type: ignore[attr-defined]
+
+
+def test_a_proxy_in_a_process_of_its_own_is_told_its_delay_and_counts_its_requests(
+    upstream: ThreadingHTTPServer,
+) -> None:
+    proxy = ProxyProcess(upstream.server_address[1], delay_ms=60)
+    try:
+        client = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+        started = time.monotonic()
+        client.request("GET", "/a.wav")
+        assert client.getresponse().read() == b"/a.wav" and time.monotonic() - started >= 0.06
+        proxy.delay_ms = 0
+        client.request("GET", "/b.wav")
+        assert client.getresponse().read() == b"/b.wav"
+        client.close()
+        assert proxy.requests == 2 and proxy.delay_ms == 0
+    finally:
+        proxy.stop()
