@@ -270,11 +270,11 @@ class Settings(BaseSettings):
         "time) is given up: its utterances are failures in errors.jsonl, the run goes on.",
     )
     reads_in_flight: int = _f(
-        8,
+        16,
         "Objects (s3://, gs://, http(s)://) a shard task reads at once ahead of the model, in the order "
-        "it takes them (8: a store's 50 ms per request costs the tiny stand-ins 15 % of their rate, not "
-        "70 %; docs/operations.md). 1: none ahead, each clip read when the model wants it. Local files "
-        "are never read ahead.",
+        "it takes them (16: a store's 50 ms per request costs the tiny stand-ins 2 % of their rate, 8 "
+        "cost them 28 %; docs/operations.md). 1: none ahead, each clip read when the model wants it. "
+        "Local files are never read ahead.",
     )
     read_ahead_bytes: int = _f(
         64 * 1024 * 1024,
