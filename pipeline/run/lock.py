@@ -144,6 +144,7 @@ class StoreLock:
                 except RunError as exc:
                     self._settled = exc
             if isinstance(self._settled, RunError):
+                self._stop.set()  # the marker is another run's now: never refreshed over it
                 raise self._settled
 
     def _marker(self) -> dict[str, Any] | None:
