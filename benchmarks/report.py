@@ -602,7 +602,8 @@ def latency_section(data: dict[str, Any]) -> Lines:
         "",
         f"`{command}`: {data['clips']} clips ({fmt(data['audio_seconds'], 0)} s of "
         f"audio), one object each on a loopback S3 server (moto) behind a proxy that delays every "
-        f"response's first byte; `voxmill extract --ops {data['op']}`, {data['workers']} workers, "
+        f"response's first byte (each in a process of its own); `voxmill extract --ops {data['op']}`, "
+        f"{data['workers']} workers, "
         f"{data['models']}, {data['repeats']} repeats; reads in flight ({data['reads_in_flight']} at "
         "once) against one read at a time. Audio s/s (ratio to the same clips on local disk):",
         "",
@@ -636,7 +637,8 @@ def outputs_section(data: dict[str, Any]) -> Lines:
         f"`{command}`: {data['clips']} local clips ({fmt(data['audio_seconds'], 0)} s of audio), "
         f"`voxmill extract --ops {data['op']}`, {data['workers']} workers, {data['models']}; the outputs "
         "to a local folder, then to a bucket on a loopback S3 server (moto) behind a proxy that delays "
-        f"every response's first byte. Workers with shard files uploaded behind their tasks "
+        f"every response's first byte (each in a process of its own). Workers with shard files "
+        "uploaded behind their tasks "
         f"(`uploads_behind: {data['uploads_behind']}`) and by their tasks (`uploads_behind: 0`); the "
         "serial merge reads the shard objects one after another. Whole run's wall time (over the local "
         "outputs' with the same workers), the merge's:",
