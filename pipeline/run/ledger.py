@@ -112,8 +112,8 @@ class Ledger:
         self.done_before = self.out_dir.shard_files()
 
     def given_up_files(self) -> set[str]:
-        """The names of the plan's given-up files: those found at start and those written since
-        (what a listing of `shards/` would find, without the request)."""
+        """The names of the plan's given-up files, for the merge without a listing of `shards/`:
+        those a resumed run found at start and those written since."""
         return {name for name in self.done_before if RunFolder.is_given_up(name)} | self.given_up_now
 
     def earlier_tally(self, spec: ShardSpec) -> tuple[int, int, float] | None:
