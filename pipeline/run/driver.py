@@ -95,9 +95,17 @@ class CorpusDriver:
                     self._broker_trouble(exc, what="the output store")
                 self._show_progress()
                 if not self._all_done():  # the last shard seen: on to the merge at once
-                    announced = self.queue.wait(tuning.SHARD_LOOK_S if self._plan_read else 0.05)
+                    announced = self._wait()
         finally:
             self.hooks.run_ended()
+
+    def _wait(self) -> list[ShardResult]:
+        """The shards announced meanwhile. With none in flight none can be: until the planner adds
+        a shard (the run's first waits for the plan's first chunk, not for a poll's next turn)."""
+        if not self._plan_read and self._next is None and not self.ledger.inflight:
+            self.planner.wait_for(self._taken + 1, 0.05)
+            return []
+        return self.queue.wait(tuning.SHARD_LOOK_S if self._plan_read else 0.05)
 
     def _all_done(self) -> bool:
         return self._plan_read and not self.ledger.inflight

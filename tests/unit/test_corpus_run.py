@@ -5,6 +5,7 @@ tested end to end in tests/integration/test_extract.py."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import replace
@@ -203,3 +204,31 @@ def test_no_shard_is_sent_before_its_announcements_are_followed(tmp_path: Path) 
     driver = CorpusDriver(queue, PlannerJustBehind(planner), out, Told(), settings)  # type: ignore[arg-type]
     driver.run()
     assert len(queue.sent) == 4 and queue.sent_unfollowed == []
+
+
+class WaitCountingQueue(InProcessQueue):
+    """Counts the times the driver listened for announcements before it had sent any shard."""
+
+    def __init__(self, out_dir: RunFolder) -> None:
+        super().__init__(out_dir)
+        self.waits_before_sending = 0
+
+    def wait(self, timeout_s: float) -> list[ShardResult]:
+        self.waits_before_sending += not self.sent
+        return super().wait(timeout_s)
+
+
+def test_with_nothing_in_flight_the_driver_waits_for_the_planner_not_announcements(tmp_path: Path) -> None:
+    out = RunFolder.of(tmp_path / "out")
+    settings = Settings(run_state_dir=tmp_path / "state")
+    planned = threading.Event()
+
+    def slow_store() -> None:  # the plan's writes wait: a store's lock settling, its round trips
+        planned.wait(10)
+
+    planner = Planner(listing(tmp_path, 4), out, ["embed"], 1, settings, 2, before_writing=slow_store).start()
+    threading.Timer(0.3, planned.set).start()
+    queue = WaitCountingQueue(out)
+    CorpusDriver(queue, planner, out, Told(), settings).run()
+    # Woken by the plan's first chunk, not by a poll of the queue: nothing could be announced.
+    assert len(queue.sent) == 4 and queue.waits_before_sending == 0
