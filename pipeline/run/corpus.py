@@ -59,9 +59,9 @@ def run_corpus(run: CorpusRun, queue: ShardQueue, hooks: RunHooks, settings: Set
         lock = lock_output(run.out_dir, settings.run_state_dir)
         ready = queue.start()
         tasks = task_ops(run.ops, ready.serve_extract)
-        size = run.shard_size
         planner = Planner(
-            run.source, run.out_dir, run.ops, size, settings, ready.processes, tasks, lock.settle
+            run.source, run.out_dir, run.ops, run.shard_size, settings, ready.processes, tasks,
+            before_writing=lock.settle, entries=lock.entries,
         )
         planner.start()  # it reads the listing while the lock settles, and writes once it is sure
         lock.settle()  # before any shard is sent

@@ -4,12 +4,14 @@ A local folder is locked with `flock` on `DIR/.lock`. An object store has no
 flock: the run holds `flock` on a local state folder (`RunFolder.local_state` in `run_state_dir`,
 one per output URL: two runs on one machine) and a marker object `DIR/.lock.json` (host, pid, a
 token, refreshed every `LOCK_REFRESH_S`): a run finding another's marker fresher than
-`LOCK_STALE_S` (or of a live pid on this host) refuses to start. A store has no compare-and-swap
-here: after writing its marker a run looks once more, `SETTLE_S` later, and a racing run that
-wrote after it wins (`settle`). The run reads meanwhile but writes nothing and sends no shard
-until it is settled. Two runs may both go on only when one paused longer than that between its
-first look and its write; their shards are idempotent, so the cost is duplicate work, not wrong
-outputs.
+`LOCK_STALE_S` (or of a live pid on this host) refuses to start. Where no marker is, the run
+creates it exclusively (`ObjectFolder.create`); a store that honours that (S3 and GCS do) refuses
+a second create of it, and the lock is sure at once. Elsewhere, and over a stale marker, a run
+looks once more `SETTLE_S` after writing its marker, and a racing run that wrote after it wins
+(`settle`); the run reads meanwhile but writes nothing and sends no shard until it is settled.
+Two runs may both go on only when one paused longer than that between its first look and its
+write, or wrote its marker plainly (a voxmill before exclusive creates); their shards are
+idempotent, so the cost is duplicate work, not wrong outputs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import IO, Any
 
 from pipeline.errors import NOT_FOUND, RunError, VoxmillError
 from pipeline.outputs.folder import RunFolder
+from pipeline.storage.locations import ObjectFolder
 
 LOCK_REFRESH_S = 20.0
 LOCK_STALE_S = 90.0  # a marker not refreshed for this long belongs to a run that is gone
@@ -34,15 +37,17 @@ SETTLE_S = 0.2  # from writing the marker to looking at it again: a racing run's
 
 def lock_output(out_dir: RunFolder, state_dir: Path) -> LocalLock | StoreLock:
     """Hold an exclusive lock on the output folder for the life of the run (`close()` frees it;
-    `settle()` before the run writes). An object-store output is locked in its local state folder
-    under `state_dir` and by a marker object (module docstring). `RunError` when another run holds
-    it, or the folder cannot be one."""
+    `settle()` before the run writes; `entries`: what the folder held when it was locked, one
+    listing). An object-store output is locked in its local state folder under `state_dir` and by
+    a marker object (module docstring). `RunError` when another run holds it, or the folder cannot
+    be one."""
     try:
         lock = out_dir.lock_file(state_dir)
         if not out_dir.is_local:
             return StoreLock(out_dir, lock).acquire()
         lock.parent.mkdir(parents=True, exist_ok=True)
-        return LocalLock(_flock(lock, f"another `voxmill extract` is running on {out_dir.display()}"))
+        held = _flock(lock, f"another `voxmill extract` is running on {out_dir.display()}")
+        return LocalLock(held, out_dir.location.entries(""))
     except OSError as exc:
         raise RunError(unusable_output(out_dir, exc)) from None
 
@@ -50,8 +55,9 @@ def lock_output(out_dir: RunFolder, state_dir: Path) -> LocalLock | StoreLock:
 class LocalLock:
     """The `flock` of a local output folder: sure once taken."""
 
-    def __init__(self, handle: IO[str]) -> None:
+    def __init__(self, handle: IO[str], entries: set[str]) -> None:
         self.handle = handle
+        self.entries = entries
 
     def settle(self) -> None:
         pass
@@ -88,11 +94,15 @@ class StoreLock:
 
     def __init__(self, out_dir: RunFolder, lock_file: Path) -> None:
         self.out_dir = out_dir
-        self.out = out_dir.location
+        location = out_dir.location
+        assert isinstance(location, ObjectFolder)  # a local folder is locked by flock alone
+        self.out = location
         self.lock_file = lock_file  # in the run's local state folder
         self.token = secrets.token_hex(8)
         self._local: IO[str] | None = None
-        self._written_at = 0.0  # when the marker was written (monotonic)
+        self._written_at = 0.0  # when the marker was last written (monotonic)
+        self._created = False  # where none was, as an exclusive create
+        self.entries: set[str] = set()  # the folder's, listed before the marker was written
         self._settling = threading.Lock()
         self._settled: RunError | bool = False  # True, or why the lock was lost
         self._stop = threading.Event()
@@ -114,38 +124,66 @@ class StoreLock:
         busy = f"another `voxmill extract` on this machine writes {target}"
         self._local = _flock(self.lock_file, busy)
         try:
-            self._check_marker()
-            from pipeline.outputs.writers import write_text_at
-
-            write_text_at(self.out, RunFolder.STORE_LOCK, self._record())
+            self._created = self._write_marker()
             self._written_at = time.monotonic()
+        except RunError:  # another run's
+            self.close()
+            raise
         except VoxmillError as exc:
             self.close()
             raise RunError(f"cannot lock the output {target}: {exc.message}") from None
-        except RunError:
-            self.close()
-            raise
         self._thread.start()
         return self
 
+    def _write_marker(self) -> bool:
+        """Write this run's marker; True when it was created where none was, as an exclusive create
+        (whether the store honours that, `settle` asks)."""
+        from pipeline.outputs.writers import write_text_at
+
+        record = self._record()
+        self.entries = self.out.entries("")  # the first look: a marker listed is read
+        if RunFolder.STORE_LOCK not in self.entries or not self._check_marker():  # none there
+            try:
+                if self.out.create(RunFolder.STORE_LOCK, record.encode()):
+                    return True
+            except VoxmillError:
+                pass  # a store that refuses the condition itself: written plainly
+            else:
+                self._check_marker()  # another run created it first: RunError when that run is live
+        write_text_at(self.out, RunFolder.STORE_LOCK, record)
+        return False
+
     def settle(self) -> None:
-        """Once `SETTLE_S` after the marker was written, look at it again: `RunError` when a racing
-        run wrote after it (that run wins). Any thread may ask; the first looks, the others wait
-        for its answer."""
+        """Make sure the marker is this run's alone: where this run created it, a store that
+        refuses to create it again honours exclusive creates, and it is; else, `SETTLE_S` after the
+        marker was last written, look at it again: `RunError` when a racing run wrote after it
+        (that run wins). Any thread may ask; the first looks, the others wait for its answer."""
         with self._settling:
             if self._settled is False:
-                time.sleep(max(0.0, self._written_at + SETTLE_S - time.monotonic()))
                 try:
-                    self._check_marker()
+                    if not (self._created and self._created_again_refused()):
+                        time.sleep(max(0.0, self._written_at + SETTLE_S - time.monotonic()))
+                        self._check_marker()
                     self._settled = True
+                except RunError as exc:  # another run's
+                    self._settled = exc
                 except VoxmillError as exc:
                     where = self.out_dir.display()
                     self._settled = RunError(f"cannot lock the output {where}: {exc.message}")
-                except RunError as exc:
-                    self._settled = exc
             if isinstance(self._settled, RunError):
                 self._stop.set()  # the marker is another run's now: never refreshed over it
                 raise self._settled
+
+    def _created_again_refused(self) -> bool:
+        """Whether the store refuses a second create of the marker; where it writes it again, the
+        settle counts from now."""
+        try:
+            if not self.out.create(RunFolder.STORE_LOCK, self._record().encode()):
+                return True
+        except VoxmillError:
+            pass  # not asked: settled as any plain write is
+        self._written_at = time.monotonic()
+        return False
 
     def _marker(self) -> dict[str, Any] | None:
         """The marker object, if there is one that reads as a marker (one GET)."""
@@ -159,12 +197,11 @@ class StoreLock:
             return None  # not ours to read: written half by hand, or by an older voxmill
         return marker if isinstance(marker, dict) else None
 
-    def _check_marker(self) -> None:
+    def _check_marker(self) -> bool:
+        """Whether there is a marker of another run (`RunError` when that run is live)."""
         marker = self._marker()
-        if marker is None:
-            return
-        if marker.get("token") == self.token:
-            return
+        if marker is None or marker.get("token") == self.token:
+            return False
         if marker_is_live(marker, socket.gethostname(), time.time()):
             age = time.time() - float(marker.get("refreshed", 0))
             raise RunError(
@@ -172,6 +209,7 @@ class StoreLock:
                 f"{self.out_dir.display(RunFolder.STORE_LOCK)}, refreshed {age:.0f} s ago; if that run is "
                 f"gone, delete the object or wait {LOCK_STALE_S:.0f} s"
             )
+        return True
 
     def _refresh(self) -> None:
         from pipeline.outputs.writers import write_text_at

@@ -175,6 +175,7 @@ class Planner:
         workers: int | None,
         tasks: Sequence[str] | None = None,
         before_writing: Callable[[], None] = lambda: None,
+        entries: set[str] | None = None,
     ) -> None:
         requested = shard_size or settings.shard_size
         check_ops(ops, requested)
@@ -191,7 +192,7 @@ class Planner:
         self.max_text_chars = settings.max_text_chars
         self.workers = workers
         self.before_writing = before_writing  # called before each write: the output's lock is sure
-        self.header: PlanHeader | None = self._existing_header()
+        self.header: PlanHeader | None = self._existing_header(entries)
         self.resumed = self.header is not None  # else no chunk or complete.json to look for
         self.planned = 0  # shards whose chunk is on disk
         self.utterances = 0
@@ -206,8 +207,10 @@ class Planner:
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._plan, name="voxmill-planner", daemon=True)
 
-    def _existing_header(self) -> PlanHeader | None:
-        found = self.out.entries("")  # one listing (a request in a store) says whether to look further
+    def _existing_header(self, entries: set[str] | None) -> PlanHeader | None:
+        """The plan's header, if the folder holds one; `entries`: the folder's listing, if just read
+        (one listing, a request in a store, says whether to look further)."""
+        found = self.out.entries("") if entries is None else entries
         if RunFolder.OLD_PLAN in found:
             raise RunError(
                 f"{self.out_dir.display()} holds a run of an earlier voxmill (plan.json); finish it with "

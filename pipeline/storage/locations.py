@@ -110,6 +110,25 @@ class ObjectFolder:
             with contextlib.suppress(OSError):
                 os.unlink(spool.name)
 
+    def create(self, name: str, data: bytes) -> bool:
+        """PUT `data` as `name` unless the object exists (S3's `If-None-Match: *`, GCS's
+        `ifGenerationMatch=0`): False when the store refused because it does. A store that
+        ignores the condition writes over the object and says True."""
+        target = self.ref(name)
+        fs = filesystem(self.url.scheme)
+
+        def put() -> bool:
+            try:
+                fs.pipe_file(parse_url(target).fs_path, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+
+        try:
+            return with_retries(put, target, "cannot write")
+        except VoxmillError as exc:
+            raise VoxmillError(OUTPUT_ERROR, exc.message) from None
+
     def put_files(self, files: Mapping[str, Path], in_flight: int) -> None:
         """Upload local files as the objects `name` -> `path`, `in_flight` at once: each one a
         whole PUT (retried as `writer`'s), so with all at once the last finishes a round trip

@@ -397,7 +397,7 @@ def list_url(url: str, folders: bool = False) -> list[str]:
 
     def names() -> list[str]:
         try:
-            entries = fs.ls(parsed.fs_path, detail=True)
+            entries = _ls(fs, parsed.fs_path)
         except FileNotFoundError:
             return []
         found = []
@@ -410,6 +410,18 @@ def list_url(url: str, folders: bool = False) -> list[str]:
         return sorted(found)
 
     return with_retries(names, str(parsed), "cannot list")
+
+
+def _ls(fs: Any, path: str) -> list[dict[str, Any]]:
+    """fsspec's detailed `ls` of a prefix. s3fs's lists the parent prefix too when this one holds
+    nothing (to tell an object of that name from nothing, the same to a caller here): a new run's
+    folder would cost two listings, the second as long as its parent's."""
+    if type(fs).__module__.split(".")[0] == "s3fs":
+        from fsspec.asyn import sync
+
+        entries: list[dict[str, Any]] = sync(fs.loop, fs._lsdir, path.rstrip("/"))
+        return entries
+    return list(fs.ls(path, detail=True))
 
 
 # --------------------------------------------------------------------------- listing files and tar shards

@@ -44,7 +44,7 @@ from pipeline.errors import NOT_FOUND, STORE_ERROR, TOO_LARGE, ErrorRecord, RunE
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.merge import merge_outputs
 from pipeline.outputs.report import RunReport
-from pipeline.outputs.writers import read_shard, write_shard, write_text_at
+from pipeline.outputs.writers import read_shard, write_shard
 from pipeline.records import ShardSpec, TaskResult, Utterance
 from pipeline.run.ledger import Ledger
 from pipeline.run.lock import lock_output
@@ -169,29 +169,106 @@ def test_the_storage_layer_on_a_real_s3_api(
 # --------------------------------------------------------------------------- the lock of a store
 
 
-def test_a_store_lock_refuses_a_live_run_and_a_run_that_loses_a_race_writes_nothing(
-    s3_env: dict[str, str], tmp_path: Path
+class _LockStore(DelayProxy):
+    """The store a lock sees: a proxy that records each request ("GET .lock.json", "LIST"); that drops
+    `If-None-Match` from requests (`ignore_conditions`: a store that does not honour exclusive
+    creates); that writes `racer` as the marker, straight to the server, just before the first
+    request `racer_before` passes (a racing run's write)."""
+
+    def __init__(
+        self, upstream_port: int, ignore_conditions: bool = False, racer: bytes = b"", racer_before: str = ""
+    ) -> None:
+        super().__init__(upstream_port)
+        self.ignore_conditions = ignore_conditions
+        self.racer, self.racer_before = racer, racer_before
+        self.seen: list[str] = []
+
+    async def _exchange(self, request: bytes, client_reader: Any, client: Any) -> bool:
+        method, path = request.split(b" ", 2)[:2]
+        name = path.split(b"?")[0].rsplit(b"/", 1)[-1].decode()
+        seen = "LIST" if b"list-type=" in path else f"{method.decode()} {name}"
+        self.seen.append(seen)
+        if self.ignore_conditions:
+            lines = request.split(b"\r\n")
+            request = b"\r\n".join(line for line in lines if not line.lower().startswith(b"if-none-match:"))
+        if self.racer and seen == self.racer_before:
+            import s3fs
+
+            endpoint, fresh = f"http://127.0.0.1:{self.upstream_port}", {"skip_instance_cache": True}
+            server = s3fs.S3FileSystem(endpoint_url=endpoint, key=KEY_ID, secret=SECRET, **fresh)
+            server.pipe_file(path.split(b"?")[0].decode().lstrip("/"), self.racer)
+            self.racer = b""
+        return await super()._exchange(request, client_reader, client)
+
+
+@contextlib.contextmanager
+def _lock_store(
+    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, **behaviour: Any
+) -> Iterator[_LockStore]:
+    with _LockStore(int(s3_env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]), **behaviour) as store:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", store.url)
+        objects._FILESYSTEMS.clear()
+        try:
+            yield store
+        finally:
+            monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
+            objects._FILESYSTEMS.clear()
+
+
+RACER = {"host": "racer", "pid": 7, "token": "theirs"}
+
+
+def test_a_store_lock_is_sure_at_once_where_the_store_creates_exclusively_and_refuses_a_live_run(
+    s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = RunFolder.of(f"{_bucket('locks')}/run")
-    held = lock_output(folder, tmp_path / "state")
-    held.settle()  # no run raced it
-    with pytest.raises(RunError, match=r"another `voxmill extract` \(host .*\) holds s3://locks/run/.lock.json"):
-        lock_output(folder, tmp_path / "elsewhere")  # another machine's run: a state folder of its own
-    held.close()
+    folder = RunFolder.of(f"{_bucket('locks')}/sure")
+    with _lock_store(s3_env, monkeypatch) as store:
+        held = lock_output(folder, tmp_path / "state")
+        # One listing (of the folder alone, though it is empty), no marker in it: created exclusively.
+        assert store.seen == ["LIST", "PUT .lock.json"]
+        held.settle()
+        # A second create the store refused: it honours them, no race is possible; nothing looked
+        # at again, nothing waited for.
+        assert store.seen[2:] == ["PUT .lock.json"]
+        with pytest.raises(RunError, match=r"another `voxmill extract` \(host .*\) holds s3://locks/sure/.lock.json"):
+            lock_output(folder, tmp_path / "elsewhere")  # another machine's run: a state folder of its own
+        held.close()
     assert not folder.location.exists(RunFolder.STORE_LOCK)  # freed: the marker is gone
 
+    # A run that looked when this one did, and created the marker first: this one's create is refused.
+    racer = json.dumps({**RACER, "refreshed": time.time()}).encode()
+    with (
+        _lock_store(s3_env, monkeypatch, racer=racer, racer_before="PUT .lock.json"),
+        pytest.raises(RunError, match="host racer, pid 7"),
+    ):
+        lock_output(folder, tmp_path / "state")
+    assert folder.location.entries("") == {".lock.json"}
+    assert json.loads(folder.location.read_bytes(RunFolder.STORE_LOCK))["token"] == "theirs"
+
+
+def test_a_store_lock_without_exclusive_creates_settles_and_a_run_that_loses_a_race_writes_nothing(
+    s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = RunFolder.of(f"{_bucket('locks')}/settled")
+    with _lock_store(s3_env, monkeypatch, ignore_conditions=True) as store:
+        held = lock_output(folder, tmp_path / "state")
+        held.settle()
+        # Both creates written: looked at again once it settled, the marker read only then.
+        assert store.seen == ["LIST", "PUT .lock.json", "PUT .lock.json", "GET .lock.json"]
+        held.close()
+
     # A run that looked before this one's marker was written writes its own before this one settles.
-    late = lock_output(folder, tmp_path / "state")
-    racer = {"host": "racer", "pid": 7, "token": "theirs", "refreshed": time.time()}
-    write_text_at(folder.location, RunFolder.STORE_LOCK, json.dumps(racer))
-    listing = tmp_path / "wav.scp"
-    listing.write_text("a /data/a.wav\n")
-    planner = Planner(listing, folder, ["embed"], 4, Settings(), 1, before_writing=late.settle).start()
-    planner.join()  # it read the listing, then waited for the lock before its first write
-    assert planner.error is not None and "host racer, pid 7" in planner.error.message
-    with pytest.raises(RunError, match="host racer, pid 7"):
-        late.settle()  # what the driver asks before it sends a shard: the same answer
-    late.close()
+    racer = json.dumps({**RACER, "refreshed": time.time()}).encode()
+    with _lock_store(s3_env, monkeypatch, ignore_conditions=True, racer=racer, racer_before="GET .lock.json"):
+        late = lock_output(folder, tmp_path / "state")
+        listing = tmp_path / "wav.scp"
+        listing.write_text("a /data/a.wav\n")
+        planner = Planner(listing, folder, ["embed"], 4, Settings(), 1, before_writing=late.settle).start()
+        planner.join()  # it read the listing, then waited for the lock before its first write
+        assert planner.error is not None and "host racer, pid 7" in planner.error.message
+        with pytest.raises(RunError, match="host racer, pid 7"):
+            late.settle()  # what the driver asks before it sends a shard: the same answer
+        late.close()
     assert folder.location.entries("") == {".lock.json"}  # no plan written, and the racer's marker kept
     assert json.loads(folder.location.read_bytes(RunFolder.STORE_LOCK))["token"] == "theirs"
 
