@@ -51,6 +51,20 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_features() -> str:
+    """The CPU's family and model numbers and its widest vector extensions, from /proc/cpuinfo: a
+    VM often names its CPU vaguely ("AMD EPYC"), and how batches pay depends on these."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    flags = fields.get("flags", "").split()
+    wide = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile") if f in flags]
+    family, model = fields.get("cpu family", "?"), fields.get("model", "?")
+    return f"family {family} model {model}, {' '.join(wide) or 'no AVX2'}"
+
+
 def git_commit(tree: Path = ROOT) -> dict[str, Any]:
     """HEAD of the checkout `tree` and whether its working tree has changes (read-only git commands)."""
     try:
@@ -78,6 +92,7 @@ def machine_info() -> dict[str, Any]:
     memory = psutil.virtual_memory()
     return {
         "cpu_model": cpu_model(),
+        "cpu_features": cpu_features(),
         "cores": os.cpu_count(),
         "memory_gb": round(memory.total / 1024**3, 1),
         "platform": platform.platform(),

@@ -719,14 +719,16 @@ def batching_section(data: dict[str, Any]) -> Lines:
         for name, part in (("short (1–3 s)", data["short"]), ("mixed (1–25 s)", data["mixed"]))
     ]  # fmt: skip
     jobs = data["single_jobs"]
+    machine = data["machine"]
+    cpu = machine["cpu_model"] + (f" ({machine['cpu_features']})" if "cpu_features" in machine else "")
     return [
         "## Batched tokens",
         "",
         f"`python -m benchmarks.batching`: `voxmill extract --ops tokenize`, {data['workers']} workers, "
         f"{data['models']} stand-ins (the tokenizer and its batch twin), `batch_tokenize` auto with "
-        "`batch_max_clip_s: 3` (the CPU's opt-in rule: clips up to 3 s, batches of up to 8 rows; by default "
-        "the CPU batches nothing) against off, back to back in alternating order; audio s/s and the ratio "
-        f"on / off; batch sizes as batches × rows. CPU: {data['machine']['cpu_model']}.",
+        "`batch_max_clip_s: 3` (the CPU's opt-in rule: clips up to 3 s, sorted 128 at a time into batches "
+        "of up to 8 rows; by default the CPU batches nothing) against off, back to back in alternating "
+        f"order; audio s/s and the ratio on / off; batch sizes as batches × rows. CPU: {cpu}.",
         "",
         *table(BATCHING_COLUMNS, rows),
         "Single jobs through `Client` (a 2 s clip, tokenize, one at a time): p50 "

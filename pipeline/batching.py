@@ -63,8 +63,11 @@ DEFAULT_FRAME_BUDGET = 8 * 200
 # On a GPU a batch always pays (issue 33: batch 1 leaves the device idle between launches).
 GPU_MAX_BATCH = 32
 GPU_FRAME_BUDGET = 32 * 3000
-# Clips a shard gathers before their batches run: room to sort by length, a bounded memory.
-GATHER_BATCHES = 4
+# Rows (clips, windows) a shard gathers before their batches run, at least: sorted by length,
+# few enough rows leave each batch padded to a longest row well above its others. A bounded
+# memory: on the CPU only short clips are batched (128 of 3 s, 20 MB of log-mel).
+GATHER_ROWS = 128
+GATHER_BATCHES = 4  # batches' worth at least, where a batch holds more rows than the CPU's
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,8 @@ class TokenBatches:
 
     @property
     def full(self) -> bool:
-        return sum(len(windows) for _, windows in self.clips) >= self.rule.max_batch * GATHER_BATCHES
+        rows = sum(len(windows) for _, windows in self.clips)
+        return rows >= max(GATHER_ROWS, self.rule.max_batch * GATHER_BATCHES)
 
     def add(self, clip: ClipRun, windows: list[FloatArray]) -> None:
         self.clips.append((clip, windows))

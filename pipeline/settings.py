@@ -117,7 +117,7 @@ class Settings(BaseSettings):
         0.0,
         "With batch_tokenize auto on the CPU, clips up to this long are batched, longer ones run alone; "
         "0: none (the batch file is not loaded). Whether batches pay depends on the CPU: clips up to 3 s "
-        "ran 1.09-1.16x on an Intel Xeon and 0.98x on an AMD EPYC (docs/models.md): set 3 where a "
+        "ran 1.09-1.16x on an Intel Xeon and 1.03x on an AMD EPYC (docs/models.md): set 3 where a "
         "benchmark says so.",
     )
     cuda_device_id: int = _f(0, "The GPU a worker uses (run one worker per GPU).")

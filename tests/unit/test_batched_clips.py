@@ -319,3 +319,29 @@ def test_a_batch_file_with_other_tokens_is_not_used(
     assert rows[0]["ok"] and not rows[1]["ok"] and "other tokens" in rows[1]["error"]["message"]
     good = describe_folder(tiny_models, load=True)
     assert good[1]["ok"] and good[1]["same_tokens_as"] == TOKENIZER_FILE
+
+
+def test_a_shards_short_clips_are_sorted_together_so_no_batch_straddles_another(
+    sessions: dict[str, ModelSession], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 60 clips of 0.3-2.9 s, more rows than 4 batches of 8: sorted in one gathering, each batch's
+    # rows lie between the last batch's longest and the next one's shortest (less padding).
+    rng = np.random.default_rng(11)
+    paths = []
+    for index, seconds in enumerate(rng.uniform(0.3, 2.9, size=60)):
+        paths.append(tmp_path / f"c{index:02d}.wav")
+        sf.write(paths[-1], speechlike(float(seconds), index), 16000)
+    twin = sessions["tokenizer"].twin
+    assert twin is not None
+    real_run, batches = twin.run, []
+
+    def run(inputs: Any) -> Any:
+        batches.append(sorted(int(n) for n in inputs[1]))  # the rows' frame counts
+        return real_run(inputs)
+
+    monkeypatch.setattr(twin, "run", run)
+    expected = [run_clip(p.name, p, "tokenize", sessions, LIMITS) for p in paths]
+    got = run_clips(((p.name, p, None) for p in paths), "tokenize", sessions, LIMITS, None, BatchRule())
+    assert [r.speech_token for r in got] == [r.speech_token for r in expected]
+    assert sum(len(b) for b in batches) == 60 and len(batches) >= 8
+    assert all(earlier[-1] <= later[0] for earlier, later in zip(batches, batches[1:], strict=False))
