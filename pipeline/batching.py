@@ -63,11 +63,13 @@ DEFAULT_FRAME_BUDGET = 8 * 200
 # On a GPU a batch always pays (issue 33: batch 1 leaves the device idle between launches).
 GPU_MAX_BATCH = 32
 GPU_FRAME_BUDGET = 32 * 3000
-# Rows (clips, windows) a shard gathers before their batches run, at least: sorted by length,
-# few enough rows leave each batch padded to a longest row well above its others. A bounded
-# memory: on the CPU only short clips are batched (128 of 3 s, 20 MB of log-mel).
+# Rows (clips, windows) a shard gathers before their batches run: sorted by length, too few
+# rows leave each batch padded to a longest row well above its others. Bounded in frames too
+# (log-mel, 512 bytes a frame): 128 clips of 3 s, 20 MB; or 4 batches' worth, where batches are
+# larger (a GPU's: 4 x 96,000 frames), or a row of 30 s windows `on` the CPU would hold 196 MB.
 GATHER_ROWS = 128
-GATHER_BATCHES = 4  # batches' worth at least, where a batch holds more rows than the CPU's
+GATHER_FRAMES = 128 * 300
+GATHER_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -281,8 +283,11 @@ class TokenBatches:
 
     @property
     def full(self) -> bool:
-        rows = sum(len(windows) for _, windows in self.clips)
-        return rows >= max(GATHER_ROWS, self.rule.max_batch * GATHER_BATCHES)
+        rows = [window.shape[1] for _, windows in self.clips for window in windows]
+        rule = self.rule
+        return len(rows) >= max(GATHER_ROWS, rule.max_batch * GATHER_BATCHES) or sum(rows) >= max(
+            GATHER_FRAMES, rule.frame_budget * GATHER_BATCHES
+        )
 
     def add(self, clip: ClipRun, windows: list[FloatArray]) -> None:
         self.clips.append((clip, windows))

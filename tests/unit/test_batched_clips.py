@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.batching import BatchRule, attach_twin, run_clips
+from pipeline.batching import BatchRule, TokenBatches, attach_twin, run_clips
 from pipeline.errors import VoxmillError
 from pipeline.inference import open_session, run_clip
 from pipeline.models.options import SessionOptions
@@ -345,3 +345,22 @@ def test_a_shards_short_clips_are_sorted_together_so_no_batch_straddles_another(
     assert [r.speech_token for r in got] == [r.speech_token for r in expected]
     assert sum(len(b) for b in batches) == 60 and len(batches) >= 8
     assert all(earlier[-1] <= later[0] for earlier, later in zip(batches, batches[1:], strict=False))
+
+
+def test_what_a_shard_gathers_before_its_batches_run_is_bounded_in_rows_and_frames(
+    sessions: dict[str, ModelSession],
+) -> None:
+    def gathered(rule: BatchRule, frames: int) -> int:
+        """Rows of `frames` log-mel frames gathered when the batches would run."""
+        twin = sessions["tokenizer"].twin
+        assert twin is not None
+        waiting = TokenBatches(sessions["tokenizer"], twin, rule)
+        while not waiting.full:
+            waiting.add(object(), [np.zeros((128, frames), dtype=np.float32)])  # type: ignore[arg-type]
+        return len(waiting.clips)
+
+    cpu, gpu = BatchRule(8, 1600, 300), BatchRule(32, 96000, None)
+    assert gathered(cpu, 200) == 128  # short clips: many rows to sort
+    assert gathered(BatchRule(8, 1600, None), 3000) == 13  # `on` the CPU: 30 s windows, 20 MB at most
+    assert gathered(gpu, 3000) == 128 and gathered(gpu, 100) == 128  # 4 batches' worth of a GPU's
+    assert gathered(BatchRule(64, 1600, None), 20) == 256
