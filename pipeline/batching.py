@@ -65,8 +65,8 @@ GPU_MAX_BATCH = 32
 GPU_FRAME_BUDGET = 32 * 3000
 # Rows (clips, windows) a shard gathers before their batches run: sorted by length, too few
 # rows leave each batch padded to a longest row well above its others. Bounded in frames too
-# (log-mel, 512 bytes a frame): 128 clips of 3 s, 20 MB; or 4 batches' worth, where batches are
-# larger (a GPU's: 4 x 96,000 frames), or a row of 30 s windows `on` the CPU would hold 196 MB.
+# (log-mel, 512 bytes a frame: 128 clips of 3 s are 20 MB, 128 windows of 30 s 196 MB); 4
+# batches' worth where batches are larger (a GPU's: 128 windows, 4 x 96,000 frames).
 GATHER_ROWS = 128
 GATHER_FRAMES = 128 * 300
 GATHER_BATCHES = 4
