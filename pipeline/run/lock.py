@@ -124,6 +124,7 @@ class StoreLock:
         busy = f"another `voxmill extract` on this machine writes {target}"
         self._local = _flock(self.lock_file, busy)
         try:
+            self.entries = self.out.entries("")  # the first look: a marker listed is read
             self._created = self._write_marker()
             self._written_at = time.monotonic()
         except RunError:  # another run's
@@ -136,12 +137,11 @@ class StoreLock:
         return self
 
     def _write_marker(self) -> bool:
-        """Write this run's marker; True when it was created where none was, as an exclusive create
-        (whether the store honours that, `settle` asks)."""
+        """Write this run's marker (`entries` listed); True when it was created where none was, as
+        an exclusive create (whether the store honours that, `settle` asks)."""
         from pipeline.outputs.writers import write_text_at
 
         record = self._record()
-        self.entries = self.out.entries("")  # the first look: a marker listed is read
         if RunFolder.STORE_LOCK not in self.entries or not self._check_marker():  # none there
             try:
                 if self.out.create(RunFolder.STORE_LOCK, record.encode()):
