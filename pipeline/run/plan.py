@@ -18,12 +18,12 @@ A `Planner` works in a thread: it looks at the whole listing first (`pipeline.co
 a listing with a problem is refused before any shard is planned, so before any runs), then reads
 it, cuts it into shards by count in listing order (`pipeline.corpus.sharding.ShardCutter`; the header's
 shard size, chosen once from the first utterances and kept by every resume), and writes chunk
-after chunk; the driver takes the shards of the
-chunks written so far (`PlanReader`), so the first shards go out while the rest of the listing
-is still being read. Shard k is always the same utterances for the same listing, so a resume
-plans again and compares each shard's digest with the one on disk: a different corpus in the
-same folder is refused at its first differing shard; a listing fixed after a late problem
-resumes.
+after chunk (the header with the first, side by side in a store: a resume that finds a chunk and
+no header plans anew); the driver takes the shards of the chunks written so far (`PlanReader`),
+so the first shards go out while the rest of the listing is still being read. Shard k is always
+the same utterances for the same listing, so a resume plans again and compares each shard's
+digest with the one on disk: a different corpus in the same folder is refused at its first
+differing shard; a listing fixed after a late problem resumes.
 
 The only audio opened here is for that shard size, when the listing gives no durations: the
 headers of up to 64 files or objects spread over the first utterances (`pipeline.corpus.durations`;
@@ -43,6 +43,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,6 +202,7 @@ class Planner:
         self.done = False
         self.error: RunError | None = None
         self._buffered: list[Utterance] = []  # read ahead to choose the shard size
+        self._unwritten_header: str | None = None  # a new plan's, written with its first chunk
         # The last chunk written, as (number, its shards): the driver takes the first shards, and
         # the merge a small plan, without reading back what was just written (a GET in a store).
         self._latest: tuple[int, list[tuple[int, list[Utterance]]]] | None = None
@@ -350,10 +352,7 @@ class Planner:
             self.ops,
             max(1, min(SHARDS_PER_CHUNK, CHUNK_UTTERANCES // size)),
         )
-        from pipeline.outputs.writers import write_text_at
-
-        self.before_writing()
-        write_text_at(self.out, RunFolder.PLAN_HEADER, json.dumps(header.to_dict(), indent=1) + "\n")
+        self._unwritten_header = json.dumps(header.to_dict(), indent=1) + "\n"
         self.header = header
         return header
 
@@ -391,11 +390,28 @@ class Planner:
                 raise different_run(self.out_dir)
         else:
             self.before_writing()
-            write_chunk(self.out, name, first, shards, digests)
+            self._with_header(lambda: write_chunk(self.out, name, first, shards, digests))
         with self._changed:
             self._latest = (number, [(first + i, utts) for i, utts in enumerate(shards)])
             self.planned = first + len(shards)
             self._changed.notify_all()
+
+    def _with_header(self, write: Callable[[], None]) -> None:
+        """`write`, and the header if it is not written yet: first on a disk, beside it in a store
+        (two PUTs in the time of one)."""
+        from pipeline.outputs.writers import write_text_at
+
+        text, self._unwritten_header = self._unwritten_header, None
+        if text is None:
+            write()
+        elif self.out_dir.is_local:
+            write_text_at(self.out, RunFolder.PLAN_HEADER, text)
+            write()
+        else:
+            with ThreadPoolExecutor(1, thread_name_prefix="voxmill-plan") as pool:
+                header = pool.submit(write_text_at, self.out, RunFolder.PLAN_HEADER, text)
+                write()
+                header.result()
 
     def _write_complete(self, listing_digest: str | None) -> None:
         """`complete.json`; on a resume, the check that the listing planned the same (its record of
@@ -514,8 +530,8 @@ class PlanReader:
     def shards(self) -> Iterator[tuple[int, list[Utterance]]]:
         number, per_chunk = 0, self.header().shards_per_chunk
         while True:
-            if self.planner is not None:
-                self.planner.wait_for((number + 1) * per_chunk, timeout_s=3600)
+            if self.planner is not None:  # a chunk is written whole: its first shard planned, it is
+                self.planner.wait_for(number * per_chunk + 1, timeout_s=3600)  # (not the plan's end)
                 if self.planner.error is not None:
                     raise self.planner.error
             name = RunFolder.chunk_file(number)

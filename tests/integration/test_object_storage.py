@@ -170,7 +170,8 @@ def test_the_storage_layer_on_a_real_s3_api(
 
 
 class _LockStore(DelayProxy):
-    """The store a lock sees: a proxy that records each request ("GET .lock.json", "LIST"); that drops
+    """The store a lock sees: a proxy that records each request ("GET .lock.json", "LIST") and when it
+    was in flight (`spans`, the last of each); that drops
     `If-None-Match` from requests (`ignore_conditions`: a store that does not honour exclusive
     creates); that writes `racer` as the marker, straight to the server, just before the first
     request `racer_before` passes (a racing run's write)."""
@@ -182,6 +183,7 @@ class _LockStore(DelayProxy):
         self.ignore_conditions = ignore_conditions
         self.racer, self.racer_before = racer, racer_before
         self.seen: list[str] = []
+        self.spans: dict[str, tuple[float, float]] = {}
 
     async def _exchange(self, request: bytes, client_reader: Any, client: Any) -> bool:
         method, path = request.split(b" ", 2)[:2]
@@ -198,7 +200,11 @@ class _LockStore(DelayProxy):
             server = s3fs.S3FileSystem(endpoint_url=endpoint, key=KEY_ID, secret=SECRET, **fresh)
             server.pipe_file(path.split(b"?")[0].decode().lstrip("/"), self.racer)
             self.racer = b""
-        return await super()._exchange(request, client_reader, client)
+        started = time.monotonic()
+        try:
+            return await super()._exchange(request, client_reader, client)
+        finally:
+            self.spans[seen] = (started, time.monotonic())
 
 
 @contextlib.contextmanager
@@ -232,7 +238,10 @@ def test_a_store_lock_is_sure_at_once_where_the_store_creates_exclusively_and_re
         assert store.seen[2:] == ["PUT .lock.json"]
         with pytest.raises(RunError, match=r"another `voxmill extract` \(host .*\) holds s3://locks/sure/.lock.json"):
             lock_output(folder, tmp_path / "elsewhere")  # another machine's run: a state folder of its own
+        assert store.seen[3:] == ["LIST", "GET .lock.json"]  # it read the marker, and leaves it
         held.close()
+        # Created exclusively and refreshed within LOCK_STALE_S / 2: no run can have taken it over.
+        assert store.seen[5:] == ["DELETE .lock.json"]
     assert not folder.location.exists(RunFolder.STORE_LOCK)  # freed: the marker is gone
 
     # A run that looked when this one did, and created the marker first: this one's create is refused.
@@ -255,7 +264,8 @@ def test_a_store_lock_without_exclusive_creates_settles_and_a_run_that_loses_a_r
         held.settle()
         # Both creates written: looked at again once it settled, the marker read only then.
         assert store.seen == ["LIST", "PUT .lock.json", "PUT .lock.json", "GET .lock.json"]
-        held.close()
+        held.close()  # a store that let a racer write over it: looked at before it is deleted
+        assert store.seen[4:] == ["GET .lock.json", "DELETE .lock.json"]
 
     # A run that looked before this one's marker was written writes its own before this one settles.
     racer = json.dumps({**RACER, "refreshed": time.time()}).encode()
@@ -271,6 +281,25 @@ def test_a_store_lock_without_exclusive_creates_settles_and_a_run_that_loses_a_r
         late.close()
     assert folder.location.entries("") == {".lock.json"}  # no plan written, and the racer's marker kept
     assert json.loads(folder.location.read_bytes(RunFolder.STORE_LOCK))["token"] == "theirs"
+
+
+def test_a_new_plan_in_a_store_writes_its_header_beside_its_first_chunk(
+    s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = RunFolder.of(f"{_bucket('locks')}/planned")
+    listing = tmp_path / "wav.scp"
+    listing.write_text("a /data/a.wav\nb /data/b.wav\n")
+    with _lock_store(s3_env, monkeypatch) as store:
+        store.delay_ms = 100  # a PUT takes 100 ms or more: one after the other they could not overlap
+        planner = Planner(listing, folder, ["embed"], 1, Settings(), 1).start()
+        planner.join()
+    assert planner.error is None and planner.planned == 2
+    header, chunk = store.spans["PUT header.json"], store.spans["PUT chunk-000000.parquet"]
+    assert header[0] < chunk[1] and chunk[0] < header[1]  # in flight together
+    assert store.spans["PUT complete.json"][0] > max(header[1], chunk[1])
+    resumed = Planner(listing, folder, ["embed"], 1, Settings(), 1)  # the header is there to resume
+    assert resumed.resumed and resumed.header is not None and planner.header is not None
+    assert resumed.header.run == planner.header.run
 
 
 # --------------------------------------------------------------------------- no shared disk

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from pipeline.corpus.sharding import auto_shard_size, shard_size_for_durations
 from pipeline.errors import RunError
 from pipeline.outputs.folder import RunFolder
+from pipeline.records import ShardSpec
 from pipeline.run.plan import Planner, PlanReader
 from pipeline.settings import Settings
 
@@ -120,6 +122,32 @@ def test_a_reader_takes_the_last_chunk_its_planner_wrote_from_it_and_the_others_
     (out / "plan" / "chunk-000001.parquet").unlink()
     with pytest.raises(OSError):
         list(PlanReader(RunFolder.of(out), planner).specs())  # any other chunk is read from the plan
+
+
+def test_a_reader_takes_a_short_last_chunk_once_written_not_when_the_plan_is_complete(tmp_path: Path) -> None:
+    # complete.json is one more write (a PUT in a store) after the last chunk: shards wait for the chunk only
+    writes: list[int] = []
+    release = threading.Event()
+
+    def before_writing() -> None:  # header, chunk, complete.json
+        writes.append(1)
+        if len(writes) == 3:
+            release.wait(10)
+
+    out = RunFolder.of(tmp_path / "out")
+    source = manifest(tmp_path, 40)
+    planner = Planner(source, out, ["embed"], 10, Settings(), 2, before_writing=before_writing)
+    firsts: list[ShardSpec] = []
+    reader = threading.Thread(target=lambda: firsts.append(next(PlanReader(out, planner).specs())))
+    planner.start()
+    planner.wait_for(1, 5)  # its chunk written
+    reader.start()
+    reader.join(5)
+    done_then = planner.done
+    release.set()
+    planner.join()
+    assert firsts and firsts[0].shard == 0 and not done_then  # read while complete.json was held back
+    assert planner.error is None and planner.planned == 4
 
 
 def test_a_plan_of_an_earlier_voxmill_is_refused_and_a_plan_folder_without_header_is_no_plan(
