@@ -11,7 +11,9 @@ looks once more `SETTLE_S` after writing its marker, and a racing run that wrote
 (`settle`); the run reads meanwhile but writes nothing and sends no shard until it is settled.
 Two runs may both go on only when one paused longer than that between its first look and its
 write, or wrote its marker plainly (a voxmill before exclusive creates); their shards are
-idempotent, so the cost is duplicate work, not wrong outputs.
+idempotent, so the cost is duplicate work, not wrong outputs. A run frees the folder by deleting
+its marker: at once where the store honoured its exclusive create and the marker is fresh, else
+once a look shows the marker is still its own.
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ class StoreLock:
         self.lock_file = lock_file  # in the run's local state folder
         self.token = secrets.token_hex(8)
         self._local: IO[str] | None = None
-        self._written_at = 0.0  # when the marker was last written (monotonic)
+        self._written_at = 0.0  # when this run's marker was last written (monotonic); 0: never
         self._created = False  # where none was, as an exclusive create
+        self._exclusive = False  # created so, and the store refused to create it again
         self.entries: set[str] = set()  # the folder's, listed before the marker was written
         self._settling = threading.Lock()
         self._settled: RunError | bool = False  # True, or why the lock was lost
@@ -161,7 +164,8 @@ class StoreLock:
         with self._settling:
             if self._settled is False:
                 try:
-                    if not (self._created and self._created_again_refused()):
+                    self._exclusive = self._created and self._created_again_refused()
+                    if not self._exclusive:
                         time.sleep(max(0.0, self._written_at + SETTLE_S - time.monotonic()))
                         self._check_marker()
                     self._settled = True
@@ -211,6 +215,16 @@ class StoreLock:
             )
         return True
 
+    def _surely_ours(self) -> bool:
+        """Whether the marker is this run's without a look: no other run can create it where the
+        store honours exclusive creates, and none takes it over while it is fresh (written within
+        half of `LOCK_STALE_S`: the other half covers another host's clock running ahead)."""
+        return self._exclusive and time.monotonic() - self._written_at < LOCK_STALE_S / 2
+
+    def _still_ours(self) -> bool:
+        marker = self._marker()
+        return marker is not None and marker.get("token") == self.token
+
     def _refresh(self) -> None:
         from pipeline.outputs.writers import write_text_at
 
@@ -219,14 +233,15 @@ class StoreLock:
                 write_text_at(self.out, RunFolder.STORE_LOCK, self._record())
             except VoxmillError:
                 continue  # the next refresh may succeed; a stale marker only lets another run in
+            self._written_at = time.monotonic()
 
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         try:
-            marker = self._marker() if self._local is not None else None
-            if marker is not None and marker.get("token") == self.token:
+            written = self._local is not None and self._written_at > 0  # a marker of this run's
+            if written and (self._surely_ours() or self._still_ours()):
                 self.out.delete(RunFolder.STORE_LOCK)
         except VoxmillError:
             pass  # left behind: stale after LOCK_STALE_S
