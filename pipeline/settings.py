@@ -279,7 +279,9 @@ class Settings(BaseSettings):
     read_ahead_bytes: int = _f(
         64 * 1024 * 1024,
         "Most bytes of objects a shard task holds read ahead (64 MiB); one larger object is still read, "
-        "alone.",
+        "alone. With outputs in a store, the most bytes of shard files the driver keeps for the merge "
+        "from its looks at the shards announced done (each read, not only looked at), and the merge "
+        "holds read ahead.",
     )
     uploads_behind: int = _f(
         2,

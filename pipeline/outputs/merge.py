@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import io
 import json
 import tempfile
@@ -180,6 +181,7 @@ def merge_outputs(
     ops: Sequence[str] | None = None,
     read_ahead: ReadAhead | None = None,
     given_up: set[str] | None = None,
+    kept: dict[str, bytes] | None = None,
 ) -> RunReport:
     """Merge the shard files of `specs` (the plan's, in shard order) into the outputs; `report`
     (the run's own numbers set by the caller) filled in and written as `report.json`.
@@ -201,7 +203,8 @@ def merge_outputs(
     (the report alone, after them).
 
     `given_up`: the names of the given-up files, when the caller knows them (the driver); None:
-    one listing of `shards/`.
+    one listing of `shards/`. `kept`: shard files the caller has read already, by URL (taken out
+    as they are merged).
     """
     quality = quality or QualityFilter()
     tally = Tally()
@@ -215,7 +218,8 @@ def merge_outputs(
         if isinstance(store, ObjectFolder):
             staged = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="voxmill-merge-")))
         out = store if staged is None else LocalFolder(staged)
-        provenance = _merge_into(out, out_dir, specs, tally, buffer_rows, quality, ops, given_up, read_ahead)
+        reading = (given_up, read_ahead, {} if kept is None else kept)
+        provenance = _merge_into(out, out_dir, specs, tally, buffer_rows, quality, ops, *reading)
         if isinstance(store, ObjectFolder) and staged is not None:
             uploads = 1 if read_ahead is None else read_ahead.in_flight  # as the shards were read
             store.put_files({file.name: file for file in sorted(staged.iterdir())}, uploads)
@@ -238,12 +242,13 @@ def _merge_into(
     ops: Sequence[str] | None,
     given_up: set[str],
     read_ahead: ReadAhead | None,
+    kept: dict[str, bytes],
 ) -> dict[str, Any]:
     """The merged outputs (all but the report) written to `out`, the shards read from `out_dir`;
     the run's provenance."""
     with contextlib.ExitStack() as stack:
         outputs = _Outputs(out, stack, buffer_rows)
-        shards = _read_shards(out_dir, specs, given_up, buffer_rows, read_ahead)
+        shards = _read_shards(out_dir, specs, given_up, buffer_rows, read_ahead, kept)
         for shard_specs, tables in stack.enter_context(closing(shards)):  # closed: its reads stop
             outputs.open_for([op for spec in shard_specs for op in _reported(spec.op, ops)])
             _merge_shard(out_dir, shard_specs, tables, tally, outputs, quality, ops, given_up)
@@ -302,17 +307,20 @@ def _read_shards(
     given_up: set[str],
     buffer_rows: int,
     read_ahead: ReadAhead | None,
+    kept: dict[str, bytes],
 ) -> Generator[ShardTables, None, None]:
     """Each shard's specs and its files' tables, in plan order: read one after another, or (see
-    `reads_ahead`) window by window, `read_ahead.in_flight` reads at once."""
+    `reads_ahead`) window by window, `read_ahead.in_flight` reads at once; a file `kept` is taken
+    from it, not read."""
     shards = _by_shard(specs)
     if read_ahead is None or not reads_ahead(out_dir.is_local, read_ahead):
         for shard in shards:
-            yield shard, [read_shard(ref) for ref in _refs(out_dir, shard, given_up)]
+            files = _refs(out_dir, shard, given_up)
+            yield shard, [read_shard(ref, data=kept.pop(str(ref), None)) for ref in files]
         return
     for window in windows(shards, buffer_rows, WINDOW_FILES):
         refs = [str(ref) for shard in window for ref in _refs(out_dir, shard, given_up)]
-        with closing(prefetch(refs, _read_held, read_ahead)) as tables:
+        with closing(prefetch(refs, functools.partial(_read_held, kept), read_ahead)) as tables:
             for shard in window:
                 yield shard, [next(tables) for _ in shard]  # an error is raised at its file, in order
 
@@ -321,11 +329,11 @@ def _refs(out_dir: RunFolder, shard: list[ShardSpec], given_up: set[str]) -> lis
     return [out_dir.ref(_file_name(spec, given_up)) for spec in shard]
 
 
-def _read_held(url: str, reserve: Reserve) -> pa.Table:
-    """A shard file read ahead (by `read_shard`, so a failure says what it always said). Its size
-    is known once read: it then waits for room in the byte budget, so the tables waiting stay
-    within it, plus one file per read in flight."""
-    table = read_shard(url)
+def _read_held(kept: dict[str, bytes], url: str, reserve: Reserve) -> pa.Table:
+    """A shard file read ahead (by `read_shard`, so a failure says what it always said; from its
+    bytes where they are `kept`). Its size is known once read: it then waits for room in the byte
+    budget, so the tables waiting stay within it, plus one file per read in flight."""
+    table = read_shard(url, data=kept.pop(url, None))
     reserve(table.nbytes)
     return table
 

@@ -364,12 +364,14 @@ def _models_of(results: Iterable[TaskResult]) -> Models:
     return models
 
 
-def read_shard(path: Path | str, columns: Sequence[str] | None = None) -> pa.Table:
-    """Read a shard file (a path or URL), all its columns or `columns`; a missing or unreadable one
-    is `VoxmillError("output_error")`."""
+def read_shard(path: Path | str, columns: Sequence[str] | None = None, data: bytes | None = None) -> pa.Table:
+    """Read a shard file (a path or URL; `data`: its bytes, already read), all its columns or
+    `columns`; a missing or unreadable one is `VoxmillError("output_error")`."""
     try:
         remote = isinstance(path, str) and is_url(path)
-        source = pa.BufferReader(read_url(str(path))) if remote else path
+        if data is None and remote:
+            data = read_url(str(path))
+        source = path if data is None else pa.BufferReader(data)
         with pq.ParquetFile(source) as file:  # not read_table: its dataset layer costs as much as the read
             return file.read(columns=None if columns is None else list(columns))
     except VoxmillError as exc:

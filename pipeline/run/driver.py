@@ -59,7 +59,7 @@ class CorpusDriver:
         self.planner = planner
         self.hooks = hooks
         self.counts = Counts(n_ops=len(planner.ops))
-        self.ledger = Ledger(out_dir)
+        self.ledger = Ledger(out_dir, keep_bytes=settings.read_ahead_bytes)
         self._specs: Iterator[ShardSpec] = PlanReader(out_dir, planner).specs()
         self._taken = 0  # shards (all ops of each) taken from the plan so far
         self._next: ShardSpec | None = None
@@ -185,7 +185,8 @@ class CorpusDriver:
             list(ledger.inflight), set(reported), local, budget, ledger.look_cursor, sweep
         )
         ledger.swept_at = now if sweep else ledger.swept_at
-        found = ledger.existing([ledger.inflight[name].spec for name in names])
+        done = {name for name, result in reported.items() if not result.error}
+        found = ledger.existing([ledger.inflight[name].spec for name in names], done)
         for name in names:
             item = ledger.inflight[name]
             if name in found:

@@ -11,8 +11,10 @@ A shard sent `shard_max_attempts` times without its file is given up: the driver
 given-up file, every utterance failed with why (`given_up_reason`), the merge lists them in
 errors.jsonl, and a resume counts it done (delete the file to have it tried anew).
 
-In an object store a look costs a request (a HEAD): a round looks only at the shards announced,
-and every `STORE_SWEEP_S` at up to `STORE_LOOKS_PER_ROUND` others in turn.
+In an object store a look costs a request: a round looks only at the shards announced, and every
+`STORE_SWEEP_S` at up to `STORE_LOOKS_PER_ROUND` others in turn (a HEAD each). An announced shard's
+file is read (a GET, the round trip a HEAD costs) and kept for the merge, up to `keep_bytes` in
+all: the merge then has no round trip to wait for at the end of the run.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import tuning
-from pipeline.errors import FORBIDDEN_PATH, INTERNAL, OUTPUT_ERROR, ErrorRecord, VoxmillError
+from pipeline.errors import FORBIDDEN_PATH, INTERNAL, NOT_FOUND, OUTPUT_ERROR, ErrorRecord, VoxmillError
 from pipeline.outputs.folder import RunFolder
 from pipeline.outputs.writers import shard_tally
 from pipeline.records import ShardResult, ShardSpec
@@ -81,6 +83,8 @@ class Ledger:
     given_up_now: set[str] = field(default_factory=set)  # the given-up files this run wrote
     look_cursor: int = 0  # where the next sweep's looks at unannounced shards start (object store)
     swept_at: float = field(default_factory=time.monotonic)  # the last sweep (object store)
+    keep_bytes: int = 0  # most bytes of shard files kept for the merge (object store)
+    kept: dict[str, bytes] = field(default_factory=dict)  # by URL: files read when looked for
     out: OutputLocation = field(init=False)
 
     def __post_init__(self) -> None:
@@ -97,15 +101,38 @@ class Ledger:
             return ref.is_file()
         return self.out.exists(self.out_dir.shard_file(spec.op, spec.shard))
 
-    def existing(self, specs: Sequence[ShardSpec]) -> set[str]:
-        """The names of the shards of `specs` whose files are written; in a store, each a HEAD, up
-        to `STORE_LOOKS_PER_ROUND` at once (a round's looks cost one round trip, not one each)."""
-        if self.out.is_local or len(specs) < 2:
+    def existing(self, specs: Sequence[ShardSpec], announced: Collection[str] = ()) -> set[str]:
+        """The names of the shards of `specs` whose files are written; in a store, each a request,
+        up to `STORE_LOOKS_PER_ROUND` at once (a round's looks cost one round trip, not one each):
+        the files of those `announced` done are read and kept while `keep_bytes` allows."""
+        if self.out.is_local:
             return {spec.name for spec in specs if self.exists(spec)}
-        threads = min(len(specs), STORE_LOOKS_PER_ROUND)
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="voxmill-look") as pool:
-            found = list(pool.map(self.exists, specs))
-        return {spec.name for spec, there in zip(specs, found, strict=True) if there}
+        room = self.keep_bytes - sum(len(data) for data in self.kept.values())
+        reads = {spec.name for spec in specs if spec.name in announced} if room > 0 else set()
+
+        def look(spec: ShardSpec) -> bytes | bool:
+            return self._read(spec) if spec.name in reads else self.exists(spec)
+
+        if len(specs) < 2:
+            found = [look(spec) for spec in specs]
+        else:
+            threads = min(len(specs), STORE_LOOKS_PER_ROUND)
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="voxmill-look") as pool:
+                found = list(pool.map(look, specs))
+        for spec, there in zip(specs, found, strict=True):
+            if isinstance(there, bytes) and len(there) <= room:
+                self.kept[str(self.file_of(spec))] = there
+                room -= len(there)
+        return {spec.name for spec, there in zip(specs, found, strict=True) if there is not False}
+
+    def _read(self, spec: ShardSpec) -> bytes | bool:
+        """A shard file's bytes; False where there is none."""
+        try:
+            return self.out.read_bytes(self.out_dir.shard_file(spec.op, spec.shard))
+        except VoxmillError as exc:
+            if exc.code == NOT_FOUND:
+                return False
+            raise
 
     def scan_finished(self) -> None:
         """The shard files already there (a resumed run): one listing of the folder."""

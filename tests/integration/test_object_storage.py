@@ -557,17 +557,20 @@ class _CountingProxy(DelayProxy):
         super().__init__(upstream_port, delay_ms)
         self.open = self.most_open = 0
         self.puts: list[tuple[str, float, float]] = []  # (object name, arrived, answered)
+        self.asked: list[tuple[str, str]] = []  # (method, object name), as they arrived
 
     async def _exchange(self, request: bytes, client_reader: Any, client: Any) -> bool:
         self.open += 1
         self.most_open = max(self.most_open, self.open)
         arrived = time.monotonic()
+        method, path = request.split(b" ", 2)[:2]
+        name = path.split(b"?")[0].rsplit(b"/", 1)[-1].decode()
+        self.asked.append((method.decode(), name))
         try:
             return await super()._exchange(request, client_reader, client)
         finally:
             self.open -= 1
-            if request.startswith(b"PUT "):
-                name = request.split(b" ", 2)[1].split(b"?")[0].rsplit(b"/", 1)[-1].decode()
+            if method == b"PUT":
                 self.puts.append((name, arrived, time.monotonic()))
 
     def most_puts_at_once(self) -> int:
@@ -628,6 +631,45 @@ def test_the_driver_looks_for_the_shard_objects_of_a_round_at_once(
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
     assert found == {s.name for s in specs} - {"embed-000002"}
     assert proxy.most_open >= 2  # looked at together: a round trip for the round, not one a shard
+
+
+def test_the_files_of_shards_announced_done_are_read_when_looked_for_and_merged_from_memory(
+    s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = RunFolder.of(f"{_bucket('kept')}/run")
+    specs = write_run(folder, shards=4)  # shard 2's embed file is a given-up one: no shard file
+    given_up = {RunFolder.given_up_file("embed", 2)}
+    merge_outputs(RunFolder.of(tmp_path / "plain"), [], RunReport())  # warm: pyarrow's first write
+    first_file = len(objects.read_url(str(Ledger(folder).file_of(specs[0]))))
+    moto_port = int(s3_env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    with _CountingProxy(moto_port, delay_ms=0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        objects._FILESYSTEMS.clear()
+        ledger = Ledger(folder, keep_bytes=10 * first_file)
+        announced = {spec.name for spec in specs if spec.shard != 3}  # shard 3's: not heard yet
+        found = ledger.existing(specs, announced)
+        assert found == {spec.name for spec in specs} - {"embed-000002"}
+        gets = sorted(name for method, name in proxy.asked if method == "GET")
+        heads = sorted(name for method, name in proxy.asked if method == "HEAD")
+        assert gets == sorted(f"{spec.name}.parquet" for spec in specs if spec.shard != 3)  # one GET each
+        assert heads == ["embed-000003.parquet", "tokenize-000003.parquet"]
+        read_then = found - {"embed-000003", "tokenize-000003"}
+        assert sorted(ledger.kept) == sorted(str(ledger.file_of(s)) for s in specs if s.name in read_then)
+        proxy.asked.clear()
+        reads = ReadAhead(in_flight=4)
+        merge_outputs(folder, specs, RunReport(), read_ahead=reads, given_up=given_up, kept=ledger.kept)
+        read = sorted(name for method, name in proxy.asked if method == "GET")
+        assert read == ["embed-000002.given-up.parquet", "embed-000003.parquet", "tokenize-000003.parquet"]
+        assert ledger.kept == {}  # taken out as merged
+        kept_merge = _merged_bytes(folder.name)
+
+        small = Ledger(folder, keep_bytes=first_file + 1)  # room for one file: the rest looked at only
+        small.existing(specs, {spec.name for spec in specs})
+        assert len(small.kept) == 1
+    objects._FILESYSTEMS.clear()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
+    merge_outputs(folder, specs, RunReport(), given_up=given_up)  # every file read from the store
+    assert _merged_bytes(folder.name) == kept_merge
 
 
 def test_a_missing_or_bad_shard_object_stops_a_merge_read_ahead_as_a_serial_one(
