@@ -16,10 +16,11 @@ alternating rounds, the same clips from local disk, then from the store at each 
 With `--outputs`, the inputs are local short clips (0.5-1.5 s) and the outputs go to a local
 folder, then to the bucket (behind the proxy) at each delay; the workers are started twice: with
 shard files uploaded behind their tasks (the default `uploads_behind`) and by their tasks
-(`uploads_behind=0`); with the first, also a run at the longest delay whose merge reads the shard
-objects one after another (`reads_in_flight=1`, given to the driver only: local inputs are never
-read ahead). Per variant the whole run's wall time, the merge's, and the ratio to local outputs
-measured with the same workers. Writes benchmarks/results/latency_outputs.json
+(`uploads_behind=0`); with the first, also a run at the longest delay whose driver keeps no shard
+file it looked for and whose merge reads the shard objects one after another (`reads_in_flight=1`,
+`read_ahead_bytes=0`, given to the driver only: local inputs are never read ahead). Per variant
+the whole run's wall time, the merge's, and the ratio to local outputs measured with the same
+workers. Writes benchmarks/results/latency_outputs.json
 (latency_outputs-full.json with `--models full`).
 
     python -m benchmarks.latency --outputs --clips 2000 --repeats 2 --delays 0,20
@@ -210,7 +211,7 @@ def _output_rounds(
     from pipeline.outputs.folder import RunFolder
     from workers.extract import extract_corpus
 
-    serial = settings.model_copy(update={"reads_in_flight": 1})
+    serial = settings.model_copy(update={"reads_in_flight": 1, "read_ahead_bytes": 0})
     extract_corpus(
         settings, manifest, RunFolder.of(f"s3://{OUT_BUCKET}/warm-up"), ["embed"], WORKERS, 0, True
     )

@@ -639,9 +639,11 @@ def outputs_section(data: dict[str, Any]) -> Lines:
         "to a local folder, then to a bucket on a loopback S3 server (moto) behind a proxy that delays "
         f"every response's first byte (each in a process of its own). Workers with shard files "
         "uploaded behind their tasks "
-        f"(`uploads_behind: {data['uploads_behind']}`) and by their tasks (`uploads_behind: 0`); the "
-        "serial merge reads the shard objects one after another. Whole run's wall time (over the local "
-        "outputs' with the same workers), the merge's:",
+        f"(`uploads_behind: {data['uploads_behind']}`) and by their tasks (`uploads_behind: 0`). The "
+        "driver reads the shard objects announced done and keeps them for the merge, which reads the "
+        "rest ahead; the serial merge's driver keeps none and its merge reads them one after another "
+        "(`reads_in_flight: 1`, `read_ahead_bytes: 0`). Whole run's wall time (over the local outputs' "
+        "with the same workers), the merge's:",
         "",
         *table(["outputs", *settings], rows),
     ]
