@@ -634,12 +634,11 @@ def test_the_driver_looks_for_the_shard_objects_of_a_round_at_once(
 
 
 def test_the_files_of_shards_announced_done_are_read_when_looked_for_and_merged_from_memory(
-    s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = RunFolder.of(f"{_bucket('kept')}/run")
     specs = write_run(folder, shards=4)  # shard 2's embed file is a given-up one: no shard file
     given_up = {RunFolder.given_up_file("embed", 2)}
-    merge_outputs(RunFolder.of(tmp_path / "plain"), [], RunReport())  # warm: pyarrow's first write
     first_file = len(objects.read_url(str(Ledger(folder).file_of(specs[0]))))
     moto_port = int(s3_env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
     with _CountingProxy(moto_port, delay_ms=0) as proxy:
