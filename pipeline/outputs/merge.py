@@ -218,8 +218,9 @@ def merge_outputs(
         if isinstance(store, ObjectFolder):
             staged = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="voxmill-merge-")))
         out = store if staged is None else LocalFolder(staged)
-        reading = (given_up, read_ahead, {} if kept is None else kept)
-        provenance = _merge_into(out, out_dir, specs, tally, buffer_rows, quality, ops, *reading)
+        provenance = _merge_into(
+            out, out_dir, specs, tally, buffer_rows, quality, ops, given_up, read_ahead, kept or {}
+        )
         if isinstance(store, ObjectFolder) and staged is not None:
             uploads = 1 if read_ahead is None else read_ahead.in_flight  # as the shards were read
             store.put_files({file.name: file for file in sorted(staged.iterdir())}, uploads)

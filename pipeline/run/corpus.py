@@ -109,8 +109,9 @@ def _drive_and_merge(
     buffer_rows = settings.merge_buffer_rows
     given_up = ledger.given_up_files()
     kept = ledger.kept  # shard files the driver read when it looked for them
-    out, quality = run.out_dir, run.quality
-    return merge_outputs(out, specs, report, buffer_rows, quality, asked, read_ahead, given_up, kept)
+    return merge_outputs(
+        run.out_dir, specs, report, buffer_rows, run.quality, asked, read_ahead, given_up, kept
+    )
 
 
 def merged_report(out_dir: RunFolder, fingerprint: str) -> RunReport | None:
