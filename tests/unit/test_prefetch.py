@@ -38,7 +38,7 @@ class Store(ThreadingHTTPServer):
         self.delay_s = delay_s
         self.slow_after = slow_after
         self.gets: Counter[str] = Counter()
-        self.answered: list[str] = []  # GETs in the order they were answered
+        self.answered: list[str] = []  # GETs in the order their answers began
         self.in_flight = 0
         self.most_in_flight = 0
         self.others_done = threading.Event()
@@ -70,17 +70,16 @@ class _Handler(BaseHTTPRequestHandler):
             if body and path == SLOW:
                 assert store.others_done.wait(30), "the objects after the slow one were not read meanwhile"
         finally:
-            with store.lock:  # before a byte of the answer: its client cannot have asked again yet
-                store.in_flight -= 1
-        try:
-            self._send(store.objects.get(path), body)
-        finally:
+            # Counted before a byte of the answer: its client cannot have asked again, nor have
+            # read it (a count after the send could lag behind a test that already has its bytes).
             with store.lock:
+                store.in_flight -= 1
                 if body:
                     store.gets[path] += 1
                     store.answered.append(path)
                     if path != SLOW and len(store.answered) >= store.slow_after:
                         store.others_done.set()
+        self._send(store.objects.get(path), body)
 
     def _send(self, data: bytes | None, body: bool) -> None:
         if self.path == "/moved.wav":
