@@ -24,6 +24,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -171,10 +172,10 @@ def test_the_storage_layer_on_a_real_s3_api(
 
 class _LockStore(DelayProxy):
     """The store a lock sees: a proxy that records each request ("GET .lock.json", "LIST") and when it
-    was in flight (`spans`, the last of each); that drops
-    `If-None-Match` from requests (`ignore_conditions`: a store that does not honour exclusive
-    creates); that writes `racer` as the marker, straight to the server, just before the first
-    request `racer_before` passes (a racing run's write)."""
+    was in flight (`spans`, the last of each, its end `inf` until answered); that drops `If-None-Match`
+    from requests (`ignore_conditions`: a store that does not honour exclusive creates); that writes
+    `racer` as the marker, straight to the server, just before the first request `racer_before`
+    passes (a racing run's write)."""
 
     def __init__(
         self, upstream_port: int, ignore_conditions: bool = False, racer: bytes = b"", racer_before: str = ""
@@ -201,6 +202,8 @@ class _LockStore(DelayProxy):
             server.pipe_file(path.split(b"?")[0].decode().lstrip("/"), self.racer)
             self.racer = b""
         started = time.monotonic()
+        # Noted on arrival too: the client may hold its answer before this thread notes the end.
+        self.spans[seen] = (started, math.inf)
         try:
             return await super()._exchange(request, client_reader, client)
         finally:

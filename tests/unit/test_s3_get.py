@@ -126,7 +126,8 @@ class _KeepAliveServer:
 
     @staticmethod
     def _answer(conn: socket.socket) -> None:
-        with conn, conn.makefile("rb") as requests:
+        # A client may reset a connection it no longer needs: that ends it, as a close would.
+        with conn, conn.makefile("rb") as requests, contextlib.suppress(ConnectionResetError):
             while line := requests.readline():
                 while requests.readline() not in (b"\r\n", b""):
                     pass
