@@ -20,7 +20,7 @@ from pipeline.models.options import SessionOptions
 from pipeline.models.registry import Registry
 from pipeline.models.standin import EMBEDDER_FILE, make_embedder_model, write_model
 from pipeline.settings import Settings
-from tests.conftest import make_settings
+from tests.conftest import make_settings, wait_for
 from workers import keys
 from workers.observe.status import collect_status
 from workers.observe.status_view import render_status
@@ -168,8 +168,8 @@ def test_a_process_standing_aside_loads_after_its_running_task_ends(
     generations.publish(redis_client, "embedder", new, {"file": EMBEDDER_FILE, "size": path.stat().st_size})
     reload = threading.Thread(target=first.round)
     reload.start()
-    reload.join(0.8)
-    assert reload.is_alive() and aside(first)  # stands aside, waiting for its task
+    wait_for(lambda: aside(first), timeout_s=10, interval_s=0.02)
+    assert reload.is_alive()  # stands aside, waiting for its task
     assert serving_sha256(first) == old
     task_may_end.set()
     task.join()
