@@ -65,8 +65,14 @@ class CuttableProxy:
             except OSError:
                 self._drop(client)
                 continue
-            with self._lock:
-                self._live |= {client, upstream}
+            with self._lock:  # looked at again with `cut()` shut out: a cut since the look drops it
+                admitted = self.open.is_set()
+                if admitted:
+                    self._live |= {client, upstream}
+            if not admitted:
+                self._drop(client)
+                self._close(upstream)
+                continue
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
@@ -93,8 +99,8 @@ class CuttableProxy:
             sock.close()
 
     def cut(self) -> None:
-        self.open.clear()
         with self._lock:
+            self.open.clear()
             live = list(self._live)
         self.dropped += len(live) // 2
         for sock in live:
